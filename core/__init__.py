@@ -1,0 +1,36 @@
+"""runjob: a declarative training launcher. One TOML job file; pluggy plugins; Accelerate; MLflow.
+
+The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
+``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``StrategyPlan``, ``RunContext`` and the
+error types. Nothing here imports torch, accelerate or mlflow.
+"""
+
+from importlib import import_module
+from typing import Any
+
+from runjob.hookspecs import hookimpl
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Options": "runjob.components",
+    "ExistingDir": "runjob.components",
+    "ExistingFile": "runjob.components",
+    "AbsolutePath": "runjob.components",
+    "DatasetSplits": "runjob.components",
+    "StrategyPlan": "runjob.components",
+    "require_module": "runjob.components",
+    "RunContext": "runjob.run_context",
+    "RunjobError": "runjob.errors",
+    "DataError": "runjob.errors",
+    "TrainingError": "runjob.errors",
+}
+
+__all__ = ["hookimpl", "__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    # pydantic costs ~0.2 s to import; `runjob --help` should not pay for it
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'runjob' has no attribute {name!r}")

@@ -1,0 +1,64 @@
+"""Building the ``accelerate.Accelerator`` a job asks for, and refusing one that differs from it.
+
+Accelerate quietly falls back in several cases (fp16 ignored on a CPU, FSDP turned into DDP, one
+process when several were meant). Each is checked here and stopped with an error, before any data
+is read or model built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runjob.components import StrategyPlan
+from runjob.errors import TrainingError
+
+
+def build_accelerator(job: Any, plan: StrategyPlan) -> Any:
+    """An Accelerator with the job's precision, accumulation, seeded sampling and strategy objects."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    try:
+        return Accelerator(
+            cpu=job.train.cpu,
+            mixed_precision=job.train.mixed_precision,
+            gradient_accumulation_steps=job.train.gradient_accumulation_steps,
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=job.job.seed),
+            step_scheduler_with_optimizer=False,
+            **plan.accelerator_kwargs,
+        )
+    except (ValueError, RuntimeError) as error:  # e.g. bf16 on a GPU without it
+        raise TrainingError(f"train.mixed_precision / strategy: Accelerate refused the setup: {error}") from None
+
+
+def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
+    """Raise TrainingError if what Accelerate set up is not what the job asked for."""
+    problems = []
+    device = accelerator.device.type
+    asked = job.train.mixed_precision
+    if asked == "fp16" and device == "cpu":
+        problems.append(
+            "train.mixed_precision = 'fp16' needs a GPU; on this CPU Accelerate would silently train in fp32. "
+            "Use 'bf16' (works on CPU) or 'no'"
+        )
+    elif accelerator.mixed_precision != asked:
+        problems.append(f"train.mixed_precision = {asked!r}, but Accelerate set up {accelerator.mixed_precision!r}")
+    processes = accelerator.num_processes
+    strategy = job.strategy.name
+    if plan.max_processes is not None and processes > plan.max_processes:
+        problems.append(f"strategy.name = {strategy!r} runs at most {plan.max_processes} process(es), but {processes} were started")
+    actual = accelerator.distributed_type.name
+    if processes > 1 and plan.expected_distributed_types and actual not in plan.expected_distributed_types:
+        problems.append(f"strategy.name = {strategy!r} expects {' or '.join(plan.expected_distributed_types)} with {processes} processes, but Accelerate set up {actual}")
+    if problems:
+        raise TrainingError("; ".join(problems))
+
+
+def actual_setup(accelerator: Any) -> dict[str, str]:
+    """What really runs, as MLflow tags."""
+    return {
+        "runjob.distributed_type": accelerator.distributed_type.name,
+        "runjob.world_size": str(accelerator.num_processes),
+        "runjob.mixed_precision": accelerator.mixed_precision,
+        "runjob.device": accelerator.device.type,
+    }

@@ -1,0 +1,122 @@
+"""The ``runjob`` command line. Heavy libraries are imported only by the commands that need them:
+``--help`` imports none, ``validate`` and ``plugins`` no torch, accelerate or mlflow."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+COMMANDS = ("run", "validate", "plugins")
+
+DESCRIPTION = """\
+Train from a declarative TOML job file.
+
+  runjob JOB.toml [--set table.key=value]... [--output-dir DIR]   train (same as `runjob run`)
+  runjob validate JOB.toml [--set table.key=value]...             check the job, print it resolved
+  runjob plugins                                                  list plugins and their components
+"""
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("job", type=Path, help="the job file (TOML)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="override one job key; the value is read as TOML, a bare word as a string (repeatable)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from runjob import __version__
+
+    parser = argparse.ArgumentParser(prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"runjob {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,validate,plugins}")
+
+    run = commands.add_parser("run", help="train the job (the default command)", description="Train the job and record it to MLflow.")
+    _add_job_arguments(run)
+    run.add_argument("--output-dir", type=Path, help="where job.toml, metrics.jsonl and model.safetensors go (default: runs/<job name>/<time>)")
+
+    validate = commands.add_parser("validate", help="check a job without running it and print it resolved", description="Check the job completely and print it, defaults filled in, as TOML. Exit 0 if it can run, 2 if not.")
+    _add_job_arguments(validate)
+
+    commands.add_parser("plugins", help="list plugins, their versions and what they register", description="List every plugin, its distribution and version, and the components it registers.")
+    return parser
+
+
+def _print_problems(message: str) -> None:
+    for line in message.splitlines():
+        print(f"runjob: {line}", file=sys.stderr)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from runjob.plugin_host import load_plugins
+    from runjob.validation import load_resolved
+
+    job = load_resolved(args.job, args.overrides, load_plugins())
+    sys.stdout.write(job.to_toml())
+    return 0
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from runjob.components import PLURALS
+    from runjob.plugin_host import load_plugins
+
+    host = load_plugins()
+    for info in host.plugins:
+        print(f"{info.name}  ({info.distribution} {info.version}, {info.module})")
+        for kind, names in sorted(info.registers.items()):
+            text = f"{PLURALS[kind]}: {', '.join(names)}"
+            print(textwrap.fill(text, width=100, initial_indent="    ", subsequent_indent="        "))
+        other_hooks = [h for h in info.hooks if not h.startswith("runjob_register_")]
+        if other_hooks:
+            print(f"    hooks: {', '.join(other_hooks)}")
+    for (kind, name), owners in sorted(host.duplicates.items()):
+        print(f"CONFLICT: {kind} {name!r} is registered by {' and '.join(host.plugin_label(c.plugin) for c in owners)}")
+    for failure in host.failures:
+        print(f"FAILED: {failure.name}  ({failure.distribution} {failure.version}): {failure.error}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runjob.plugin_host import load_plugins
+    from runjob.validation import load_resolved
+
+    host = load_plugins()
+    job = load_resolved(args.job, args.overrides, host)
+    from runjob.runner import run_job
+
+    return run_job(job, host, output_dir=args.output_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``runjob`` command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
+        argv.insert(0, "run")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from runjob.errors import RunjobError, user_message
+
+    try:
+        return {"run": cmd_run, "validate": cmd_validate, "plugins": cmd_plugins}[args.command](args)
+    except RunjobError as error:
+        _print_problems(user_message(error))
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("runjob: interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # not a user's mistake: show where it happened
+        import traceback
+
+        traceback.print_exc()
+        print("runjob: failed with an unexpected error (a bug in runjob or in a plugin; the traceback above shows where)", file=sys.stderr)
+        return 1

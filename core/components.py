@@ -1,0 +1,105 @@
+"""The public types a plugin works with: component options, dataset splits, strategy plans.
+
+Only pydantic is imported here (no torch), so plugins can declare their options at import time
+and ``runjob validate`` can check a whole job without building anything.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Callable
+
+from pydantic import AfterValidator, BaseModel, ConfigDict
+
+KINDS = ("model", "dataset", "optimizer", "scheduler", "strategy")
+PLURALS = {"model": "models", "dataset": "datasets", "optimizer": "optimizers", "scheduler": "schedulers", "strategy": "strategies"}
+
+
+class Options(BaseModel):
+    """Base class for a component's options: every key of its job-file table except ``name``.
+
+    Declare each option as a typed field with a default (or without one, to make it required) and
+    ranges with ``pydantic.Field`` (``lr: float = Field(1e-3, gt=0)``). Unknown keys, wrong types
+    and out-of-range values are reported against the job file before anything runs. Types are
+    strict: ``"3"`` is not an int, ``1`` is a valid float.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class NoOptions(Options):
+    """Options of a component that takes none."""
+
+
+def _existing_dir(value: str) -> str:
+    path = Path(value).expanduser().resolve()
+    if not path.is_dir():
+        raise ValueError(f"folder not found: {path}" if not path.exists() else f"not a folder: {path}")
+    return str(path)
+
+
+def _existing_file(value: str) -> str:
+    path = Path(value).expanduser().resolve()
+    if not path.is_file():
+        raise ValueError(f"file not found: {path}" if not path.exists() else f"not a file: {path}")
+    return str(path)
+
+
+def _absolute_path(value: str) -> str:
+    return str(Path(value).expanduser().resolve())
+
+
+ExistingDir = Annotated[str, AfterValidator(_existing_dir)]
+"""A folder that must exist; relative paths are taken from the working directory, stored absolute."""
+
+ExistingFile = Annotated[str, AfterValidator(_existing_file)]
+"""A file that must exist; relative paths are taken from the working directory, stored absolute."""
+
+AbsolutePath = Annotated[str, AfterValidator(_absolute_path)]
+"""A path that may not exist yet (e.g. a download target), stored absolute."""
+
+
+def require_module(module: str, extra: str, what: str) -> None:
+    """Raise a ValueError (reported against the job file) when an optional dependency is missing."""
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{what} needs the '{module}' package: pip install 'runjob-train[{extra}]'")
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered component: what a job file's ``name = ...`` resolves to."""
+
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    options: type[Options]
+    plugin: str
+    description: str = ""
+
+
+@dataclass
+class DatasetSplits:
+    """What a dataset factory returns: training and validation datasets of ``(input, label)``."""
+
+    train: Any
+    val: Any
+    num_classes: int
+    classes: list[str] | None = None
+
+
+@dataclass
+class StrategyPlan:
+    """What a strategy factory returns: the Accelerate objects to build the Accelerator with.
+
+    ``accelerator_kwargs`` go straight to ``accelerate.Accelerator`` (``kwargs_handlers``,
+    ``fsdp_plugin``, ``deepspeed_plugin``). ``expected_distributed_types`` lists the names of
+    ``accelerate.DistributedType`` values this strategy accepts when more than one process runs;
+    the host stops with an error when Accelerate set up something else. ``max_processes`` limits
+    how many processes the strategy supports (``None``: any).
+    """
+
+    accelerator_kwargs: dict[str, Any] = field(default_factory=dict)
+    expected_distributed_types: tuple[str, ...] = ()
+    max_processes: int | None = None

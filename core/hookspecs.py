@@ -1,0 +1,136 @@
+"""The hooks a runjob plugin can implement. This module is the plugin author's reference.
+
+A plugin is a module (or any object) with functions marked ``@runjob.hookimpl`` whose names match
+the specifications below. It is found through the ``runjob`` entry-point group, the same way the
+built-in plugins are (see ``pyproject.toml``), so anything a built-in can do, a third-party plugin
+can do too. Argument names must match the specification; a plugin may take any subset of them.
+
+Two families of hooks exist:
+
+* **Registration hooks** (``runjob_register_*``) are called once when plugins are loaded, before
+  any job is read. Each receives a ``register`` callback; call it once per component the plugin
+  provides. They must not import heavy libraries (torch, torchvision): do that inside factories,
+  so ``runjob --help`` and ``runjob validate`` stay fast.
+* **Training event hooks** (``runjob_run_start`` ... ``runjob_run_end``) are called during a run,
+  on every process, so a plugin can observe or extend training. Use ``run.accelerator
+  .is_main_process`` to act once per job. They are called in the training loop: keep them cheap.
+
+The ``register`` callback's signature is ``register(name, factory, *, options=None,
+description="")``: ``name`` is what job files write in ``name = "..."``, ``options`` a subclass of
+:class:`runjob.Options` declaring every other key the component's table accepts (types, defaults,
+ranges; ``None`` means it takes none), and ``factory`` builds the component from the validated
+options. Each kind's factory signature is given in its hook's documentation.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("runjob")
+hookimpl = pluggy.HookimplMarker("runjob")
+
+
+@hookspec
+def runjob_register_models(register):
+    """Register model components (``[model] name = ...``).
+
+    Called once, at plugin load. ``register(name, factory, options=..., description=...)``;
+    ``factory(options) -> torch.nn.Module`` returns a model whose forward takes a batch of inputs
+    and returns class logits of shape ``(batch, num_classes)``.
+    """
+
+
+@hookspec
+def runjob_register_datasets(register):
+    """Register dataset components (``[dataset] name = ...``).
+
+    Called once, at plugin load. ``factory(options) -> runjob.DatasetSplits`` returns the training
+    and validation ``torch.utils.data.Dataset`` objects (items are ``(input, class_index)`` pairs)
+    and the number of classes. The host adds the DataLoader keys (``num_workers``, ``pin_memory``,
+    ``persistent_workers``, ``prefetch_factor``) to every dataset table; the options model must
+    not declare them. Validate paths in the options model (e.g. with ``runjob.ExistingDir``) so a
+    missing folder is reported before anything is read.
+    """
+
+
+@hookspec
+def runjob_register_optimizers(register):
+    """Register optimizer components (``[optimizer] name = ...``).
+
+    Called once, at plugin load. ``factory(params, options) -> torch.optim.Optimizer``, where
+    ``params`` is the model's parameters (an iterable of tensors).
+    """
+
+
+@hookspec
+def runjob_register_schedulers(register):
+    """Register learning-rate scheduler components (``[scheduler] name = ...``).
+
+    Called once, at plugin load. ``factory(optimizer, options, total_steps) ->
+    torch.optim.lr_scheduler.LRScheduler | None``. ``total_steps`` is the number of optimizer
+    steps the run will take; the host calls ``scheduler.step()`` once after every optimizer step
+    that was not skipped. Return ``None`` for a constant learning rate.
+    """
+
+
+@hookspec
+def runjob_register_strategies(register):
+    """Register distribution strategies (``[strategy] name = ...``).
+
+    Called once, at plugin load. ``factory(options) -> runjob.StrategyPlan``: the Accelerate
+    objects (kwargs handlers, an FSDP or DeepSpeed plugin) the host passes to ``Accelerator``, and
+    the distributed type the strategy expects, which the host checks against what Accelerate
+    actually set up.
+    """
+
+
+@hookspec
+def runjob_run_start(run):
+    """Called once per process when training is about to begin.
+
+    ``run`` is the :class:`runjob.RunContext`: the resolved job, the Accelerator, the prepared
+    model, optimizer, scheduler and data loaders, the output directory and the MLflow run id
+    (``None`` outside the main process). The model, optimizer and loaders are ready; no step has
+    been taken.
+    """
+
+
+@hookspec
+def runjob_after_step(run, step, epoch, loss):
+    """Called on every process after each optimizer step.
+
+    ``step`` is the global optimizer step just finished (1-based), ``epoch`` the 0-based epoch,
+    ``loss`` the step's training loss on this process as a detached 0-dim tensor (the last
+    micro-batch's when accumulating). Calling ``loss.item()`` waits for the device: do it only
+    every few steps, as the host does for ``train.log_every``.
+    """
+
+
+@hookspec
+def runjob_after_log(run, step, metrics):
+    """Called on the main process each time training metrics are logged (every ``train.log_every``
+    optimizer steps).
+
+    ``metrics`` maps metric names (``train/loss``, ``lr``, ``train/samples_per_s``) to floats,
+    exactly as sent to MLflow and ``metrics.jsonl`` at ``step``.
+    """
+
+
+@hookspec
+def runjob_after_evaluation(run, epoch, step, metrics):
+    """Called on every process after each evaluation over the whole validation set.
+
+    ``epoch`` is the 0-based epoch just evaluated, ``step`` the global optimizer step, and
+    ``metrics`` maps ``val/loss`` and ``val/accuracy`` (a fraction) to floats, identical on every
+    process.
+    """
+
+
+@hookspec
+def runjob_run_end(run, status, error):
+    """Called once per process when the run ends, whether it finished or failed.
+
+    ``status`` is ``"FINISHED"``, ``"FAILED"`` or ``"KILLED"`` (interrupted); ``error`` is the
+    exception that ended it, or ``None``. Called before the MLflow run is closed. An exception
+    raised here is reported but does not change the run's status.
+    """

@@ -1,0 +1,194 @@
+"""Reading job files: TOML, ``extends`` bases and ``--set`` overrides, with where each value came from.
+
+The result is a plain nested dict plus an *origin* for every key (file and line, or the override
+that set it), so later checks can point at the exact place a wrong value was written. Nothing here
+knows which tables or components exist; that is :mod:`runjob.validation`'s job.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import JobError, Problem
+
+OVERRIDE_SOURCE = "--set"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a value was written: a file and line, or a ``--set`` override."""
+
+    file: str
+    line: int | None = None
+
+
+@dataclass
+class RawJob:
+    """A job as read: merged data (``extends`` applied, overrides applied) and each key's origin."""
+
+    path: Path
+    data: dict[str, Any]
+    origins: dict[str, Origin] = field(default_factory=dict)
+    overrides: list[str] = field(default_factory=list)
+
+    def origin(self, dotted_key: str) -> Origin:
+        """The origin of ``dotted_key``, or of its closest enclosing table, or the main file."""
+        key = dotted_key
+        while key:
+            if key in self.origins:
+                return self.origins[key]
+            key = key.rpartition(".")[0]
+        return Origin(str(self.path))
+
+
+_BARE_PART = r"[A-Za-z0-9_-]+"
+_KEY_PART = rf"(?:{_BARE_PART}|\"[^\"]*\"|'[^']*')"
+_DOTTED = rf"{_KEY_PART}(?:\s*\.\s*{_KEY_PART})*"
+_TABLE_LINE = re.compile(rf"^\s*\[\s*({_DOTTED})\s*\]")
+_ARRAY_TABLE_LINE = re.compile(rf"^\s*\[\[\s*({_DOTTED})\s*\]\]")
+_KEY_LINE = re.compile(rf"^\s*({_DOTTED})\s*=")
+_SYNTAX_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)$")
+
+
+def split_dotted(key: str) -> list[str]:
+    """``'a."b.c".d'`` -> ``['a', 'b.c', 'd']``."""
+    return [p.strip().strip("\"'") for p in re.findall(_KEY_PART, key)]
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Map each dotted key (and table) written in TOML ``text`` to its 1-based line number.
+
+    tomllib keeps no positions, so this reads the lines the way TOML lays them out: ``[table]``
+    headers and ``key = value`` lines. Keys inside multi-line values are not found, which only
+    means an error message without a line number.
+    """
+    lines: dict[str, int] = {}
+    table: list[str] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if _ARRAY_TABLE_LINE.match(line):
+            table = []  # arrays of tables are not used by job files; stop attributing keys
+            continue
+        header = _TABLE_LINE.match(line)
+        if header:
+            table = split_dotted(header.group(1))
+            lines.setdefault(".".join(table), number)
+            continue
+        key = _KEY_LINE.match(line)
+        if key:
+            lines.setdefault(".".join(table + split_dotted(key.group(1))), number)
+    return lines
+
+
+def parse_toml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    """Read one TOML file; a syntax error becomes a ``file:line:column`` problem."""
+    if not path.exists():
+        raise JobError([Problem(str(path), "", "job file not found")])
+    if path.is_dir():
+        raise JobError([Problem(str(path), "", "is a folder, not a job file")])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise JobError([Problem(str(path), "", f"cannot read job file: {error}")]) from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        message = str(error)
+        position = _SYNTAX_POSITION.search(message)
+        where = str(path)
+        if position:
+            where = f"{path}:{position.group(1)}:{position.group(2)}"
+            message = message[: position.start()]
+        raise JobError([Problem(where, "", f"TOML syntax error: {message}")]) from None
+    return data, key_lines(text)
+
+
+def _leaf_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        keys.append(dotted)
+        if isinstance(value, dict):
+            keys.extend(_leaf_keys(value, dotted + "."))
+    return keys
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``top`` over ``base``: tables merge key by key, any other value replaces."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], dict[str, Origin]]:
+    data, lines = parse_toml(path)
+    origins = {key: Origin(str(path), lines.get(key)) for key in _leaf_keys(data)}
+    base_name = data.pop("extends", None)
+    if base_name is None:
+        return data, origins
+    where = origins.pop("extends")
+    if not isinstance(base_name, str) or not base_name:
+        raise JobError([Problem(where.file, "extends", f"must be a path to a base job file, got {base_name!r}", where.line)])
+    base_path = (path.parent / base_name).resolve()
+    if base_path in chain or base_path == path.resolve():
+        cycle = " -> ".join(str(p) for p in (*chain, path.resolve(), base_path))
+        raise JobError([Problem(where.file, "extends", f"job files extend each other in a loop: {cycle}", where.line)])
+    if not base_path.is_file():
+        raise JobError([Problem(where.file, "extends", f"base job file not found: {base_path}", where.line)])
+    base_data, base_origins = _read_with_bases(base_path, (*chain, path.resolve()))
+    merged = _merge(base_data, data)
+    # a base key survives only where this file did not replace its table with a plain value
+    still_there = set(_leaf_keys(merged))
+    combined = {**base_origins, **origins}
+    return merged, {key: origin for key, origin in combined.items() if key in still_there}
+
+
+def parse_override_value(text: str) -> Any:
+    """Read an override's value as TOML (``0.05``, ``true``, ``[1, 2]``); anything else is a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(job: RawJob, override: str) -> Problem | None:
+    """Apply one ``table.key=value`` override to ``job``; return a problem instead of raising."""
+    key, sep, value_text = override.partition("=")
+    key = key.strip()
+    if not sep or not key or not re.fullmatch(_DOTTED, key):
+        return Problem(OVERRIDE_SOURCE, override, "an override must look like table.key=value, e.g. --set optimizer.lr=0.05")
+    parts = split_dotted(key)
+    table = job.data
+    for depth, part in enumerate(parts[:-1]):
+        existing = table.setdefault(part, {})
+        if not isinstance(existing, dict):
+            inner = ".".join(parts[: depth + 1])
+            return Problem(OVERRIDE_SOURCE, key, f"cannot set a key inside {inner}, which is a value, not a table")
+        table = existing
+    table[parts[-1]] = parse_override_value(value_text.strip())
+    dotted = ".".join(parts)
+    for old in [k for k in job.origins if k.startswith(dotted + ".")]:
+        del job.origins[old]
+    job.origins[dotted] = Origin(OVERRIDE_SOURCE)
+    return None
+
+
+def load_job(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RawJob:
+    """Read the job file at ``path`` with its ``extends`` bases, then apply ``overrides`` in order.
+
+    Raises :class:`JobError` listing every problem found.
+    """
+    path = Path(path)
+    data, origins = _read_with_bases(path, ())
+    job = RawJob(path=path, data=data, origins=origins, overrides=list(overrides))
+    problems = [p for p in (apply_override(job, o) for o in overrides) if p]
+    if problems:
+        raise JobError(problems)
+    return job

@@ -1,0 +1,74 @@
+"""The host's own job-file tables: ``[job]``, ``[train]``, ``[tracking]`` and the DataLoader keys.
+
+Component tables (``[model]``, ``[dataset]``, ...) are declared by the plugins that provide them;
+see :mod:`runjob.components`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from runjob.components import Options
+
+COMPONENT_TABLES = ("model", "dataset", "optimizer", "scheduler", "strategy")
+HOST_TABLES = ("job", "train", "tracking")
+TABLE_ORDER = ("job", "model", "dataset", "optimizer", "scheduler", "strategy", "train", "tracking")
+# model and dataset have no default: a job must name them
+DEFAULT_COMPONENTS = {"optimizer": "adamw", "scheduler": "none", "strategy": "ddp"}
+
+
+class JobTable(Options):
+    """``[job]``: what the run is called and how it is seeded."""
+
+    name: str = Field("runjob", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    description: str = ""
+
+
+class TrainTable(Options):
+    """``[train]``: the training loop."""
+
+    epochs: int | None = Field(None, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    batch_size: int = Field(32, ge=1)
+    eval_batch_size: int | None = Field(None, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    max_grad_norm: float | None = Field(None, gt=0)
+    mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    log_every: int = Field(10, ge=1)
+    drop_last: bool = True
+    cpu: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_epoch_by_default(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("epochs") is None and data.get("max_steps") is None:
+            return {**data, "epochs": 1}
+        return data
+
+
+class TrackingTable(Options):
+    """``[tracking]``: where the MLflow run goes. Unset values fall back to MLflow's own
+    environment variables (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``), then defaults."""
+
+    uri: str | None = Field(None, min_length=1)
+    experiment: str | None = Field(None, min_length=1)
+    run_name: str | None = Field(None, min_length=1)
+    tags: dict[str, str] = Field(default_factory=dict)
+
+
+class LoaderOptions(Options):
+    """The DataLoader keys every ``[dataset]`` table accepts besides its dataset's own options."""
+
+    num_workers: int = Field(0, ge=0)
+    pin_memory: bool | None = None
+    persistent_workers: bool = False
+    prefetch_factor: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _workers_needed(self) -> LoaderOptions:
+        if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
+            raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
+        return self

@@ -1,0 +1,185 @@
+"""The training loop and evaluation: as lean as a hand-written Accelerate loop.
+
+Per optimizer step the loop does forward, ``accelerator.backward``, optional clipping, step and
+zero_grad; the loss is summed on the device and read back (a host-device sync) only every
+``train.log_every`` steps.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from runjob.errors import TrainingError
+from runjob.run_context import RunContext
+
+
+@dataclass
+class Schedule:
+    """How long the run is: epochs, optimizer steps per epoch, and the total."""
+
+    epochs: int
+    steps_per_epoch: int
+    total_steps: int
+
+
+def plan_schedule(train: Any, batches_per_epoch: int) -> Schedule:
+    """Turn ``train.epochs`` / ``train.max_steps`` into a schedule (whichever ends first)."""
+    steps_per_epoch = max(1, math.ceil(batches_per_epoch / train.gradient_accumulation_steps))
+    if train.epochs is None:
+        epochs = math.ceil(train.max_steps / steps_per_epoch)
+        return Schedule(epochs, steps_per_epoch, train.max_steps)
+    total = epochs_total = train.epochs * steps_per_epoch
+    if train.max_steps is not None:
+        total = min(epochs_total, train.max_steps)
+    return Schedule(min(train.epochs, math.ceil(total / steps_per_epoch)), steps_per_epoch, total)
+
+
+def check_first_batch(logits: Any, num_classes: int, model_name: str, dataset_name: str) -> None:
+    """Stop with a clear message when the model's outputs do not fit the dataset's classes."""
+    if logits.ndim != 2 or logits.shape[1] != num_classes:
+        raise TrainingError(
+            f"model {model_name!r} gives outputs of shape {tuple(logits.shape)}, but dataset {dataset_name!r} has "
+            f"{num_classes} classes: set model.num_classes = {num_classes}"
+        )
+
+
+def _first_forward(model: Any, inputs: Any, job: Any) -> Any:
+    try:
+        return model(inputs)
+    except RuntimeError as error:
+        first = str(error).strip().splitlines()[0]
+        raise TrainingError(
+            f"model {job.model.name!r} cannot take the inputs of dataset {job.dataset.name!r} "
+            f"(a batch of shape {tuple(inputs.shape)}): {first}"
+        ) from None
+
+
+def evaluate(run: RunContext) -> dict[str, float]:
+    """Loss and accuracy over the whole validation set, every sample counted once on all processes."""
+    import torch
+    import torch.nn.functional as F
+
+    accelerator, model = run.accelerator, run.model
+    model.eval()
+    loss_sum = torch.zeros((), device=accelerator.device, dtype=torch.float64)
+    correct = torch.zeros((), device=accelerator.device, dtype=torch.long)
+    count = 0
+    with torch.no_grad():
+        for inputs, targets in run.val_loader:
+            logits = model(inputs)
+            losses = F.cross_entropy(logits.float(), targets, reduction="none")
+            hits = logits.argmax(dim=-1) == targets
+            losses, hits = accelerator.gather_for_metrics((losses, hits))
+            loss_sum += losses.sum()
+            correct += hits.sum()
+            count += losses.numel()
+    model.train()
+    return {"val/loss": (loss_sum / count).item(), "val/accuracy": (correct.double() / count).item()}
+
+
+class TrainingLoop:
+    """Runs the schedule, logging through ``record(metrics, step)`` and calling the event hooks."""
+
+    def __init__(self, run: RunContext, hooks: Any, record: Any, schedule: Schedule, num_classes: int) -> None:
+        self.run = run
+        self.hooks = hooks
+        self.record = record
+        self.schedule = schedule
+        self.num_classes = num_classes
+        self.step = 0
+        self.last_metrics: dict[str, float] = {}
+
+    def fit(self) -> dict[str, float]:
+        """Train for the whole schedule; returns the last metrics logged."""
+        job = self.run.job
+        for epoch in range(self.schedule.epochs):
+            started = time.perf_counter()
+            train_metrics = self._train_epoch(epoch)
+            val_metrics = evaluate(self.run)
+            self.record(val_metrics, self.step)
+            self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=val_metrics)
+            self.last_metrics.update(train_metrics)
+            self.last_metrics.update(val_metrics)
+            self._summary(epoch, time.perf_counter() - started)
+            if job.train.max_steps is not None and self.step >= job.train.max_steps:
+                break
+        return self.last_metrics
+
+    def _train_epoch(self, epoch: int) -> dict[str, float]:
+        import torch
+        import torch.nn.functional as F
+        from tqdm.auto import tqdm
+
+        run, job = self.run, self.run.job
+        accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, run.scheduler
+        train = job.train
+        run.train_loader.set_epoch(epoch)
+        model.train()
+        progress = tqdm(
+            total=len(run.train_loader), desc=f"epoch {epoch + 1}/{self.schedule.epochs}", unit="batch",
+            disable=not accelerator.is_local_main_process, leave=False, dynamic_ncols=True,
+            mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
+        )
+        loss_sum = torch.zeros((), device=accelerator.device)
+        micro_batches = samples = 0
+        window_start = time.perf_counter()
+        metrics: dict[str, float] = {}
+        try:
+            for inputs, targets in run.train_loader:
+                with accelerator.accumulate(model):
+                    if self.step == 0 and micro_batches == 0 and epoch == 0:
+                        logits = _first_forward(model, inputs, job)
+                        check_first_batch(logits, self.num_classes, job.model.name, job.dataset.name)
+                    else:
+                        logits = model(inputs)
+                    loss = F.cross_entropy(logits, targets)
+                    accelerator.backward(loss)
+                    if train.max_grad_norm is not None and accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                loss_sum += loss.detach()
+                micro_batches += 1
+                samples += inputs.shape[0]
+                progress.update(1)
+                if not accelerator.sync_gradients:
+                    continue
+                if scheduler is not None and not accelerator.optimizer_step_was_skipped:
+                    scheduler.step()
+                self.step += 1
+                self.hooks.runjob_after_step(run=run, step=self.step, epoch=epoch, loss=loss.detach())
+                if self.step % train.log_every == 0:
+                    metrics = self._log(loss_sum, micro_batches, samples, window_start)
+                    progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", refresh=False)
+                    loss_sum.zero_()
+                    micro_batches = samples = 0
+                    window_start = time.perf_counter()
+                if train.max_steps is not None and self.step >= train.max_steps:
+                    break
+            if micro_batches:
+                metrics = self._log(loss_sum, micro_batches, samples, window_start)
+        finally:
+            progress.close()
+        return metrics
+
+    def _log(self, loss_sum: Any, micro_batches: int, samples: int, window_start: float) -> dict[str, float]:
+        accelerator = self.run.accelerator
+        mean_loss = accelerator.reduce(loss_sum / micro_batches, reduction="mean").item()
+        elapsed = max(time.perf_counter() - window_start, 1e-9)
+        metrics = {
+            "train/loss": mean_loss,
+            "lr": float(self.run.optimizer.param_groups[0]["lr"]),
+            "train/samples_per_s": samples * accelerator.num_processes / elapsed,
+        }
+        self.record(metrics, self.step)
+        if accelerator.is_main_process:
+            self.hooks.runjob_after_log(run=self.run, step=self.step, metrics=metrics)
+        return metrics
+
+    def _summary(self, epoch: int, seconds: float) -> None:
+        shown = "  ".join(f"{k} {v:.4g}" for k, v in self.last_metrics.items() if k != "lr")
+        self.run.accelerator.print(f"epoch {epoch + 1}/{self.schedule.epochs}  step {self.step}  {shown}  ({seconds:.1f} s)")

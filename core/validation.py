@@ -1,0 +1,187 @@
+"""Checking a whole job before anything runs: host tables, component names and their options.
+
+Every problem is collected (not just the first), each naming the file, line and dotted key.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from pydantic import BaseModel, ValidationError
+
+from runjob.components import Component, Options
+from runjob.errors import JobError, Problem
+from runjob.jobfile import RawJob, load_job
+from runjob.plugin_host import ComponentLookupError, PluginHost
+from runjob.schema import (
+    COMPONENT_TABLES,
+    DEFAULT_COMPONENTS,
+    HOST_TABLES,
+    TABLE_ORDER,
+    JobTable,
+    LoaderOptions,
+    TrackingTable,
+    TrainTable,
+)
+
+_HOST_MODELS: dict[str, type[Options]] = {"job": JobTable, "train": TrainTable, "tracking": TrackingTable}
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A component the job selected, with its validated options."""
+
+    component: Component
+    options: Options
+
+    @property
+    def name(self) -> str:
+        return self.component.name
+
+
+@dataclass
+class ResolvedJob:
+    """A job that passed every check, with all defaults filled in."""
+
+    source: RawJob
+    job: JobTable
+    train: TrainTable
+    tracking: TrackingTable
+    loader: LoaderOptions
+    model: Chosen
+    dataset: Chosen
+    optimizer: Chosen
+    scheduler: Chosen
+    strategy: Chosen
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved job as job-file tables; reading it back gives the same job."""
+        tables: dict[str, Any] = {}
+        for table in TABLE_ORDER:
+            if table in COMPONENT_TABLES:
+                chosen: Chosen = getattr(self, table)
+                values = {"name": chosen.name, **_dump(chosen.options)}
+                if table == "dataset":
+                    values.update(_dump(self.loader))
+            else:
+                values = _dump(getattr(self, table))
+            tables[table] = values
+        return tables
+
+    def to_toml(self) -> str:
+        """The resolved job as TOML text."""
+        return tomli_w.dumps(self.to_dict())
+
+
+def _dump(model: BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", exclude_none=True)
+
+
+def _problems_from(error: ValidationError, table: str, raw: RawJob, accepted: list[str]) -> list[Problem]:
+    problems = []
+    for item in error.errors():
+        key = ".".join([table, *(str(part) for part in item["loc"])])
+        origin = raw.origin(key)
+        problems.append(Problem(origin.file, key, _describe(item, accepted), origin.line))
+    return problems
+
+
+def _describe(item: dict[str, Any], accepted: list[str]) -> str:
+    kind = item["type"]
+    if kind == "extra_forbidden":
+        field = str(item["loc"][-1])
+        close = difflib.get_close_matches(field, accepted, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        return f"unknown key{hint} Accepted keys: {', '.join(accepted) if accepted else 'none'}"
+    if kind == "missing":
+        return "required, but not given"
+    message = item["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if not item["loc"]:  # a check across several keys of the table
+        return message
+    return f"{message} (got {item['input']!r})"
+
+
+def _check(model: type[Options], values: dict[str, Any], table: str, raw: RawJob, problems: list[Problem]) -> Options | None:
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        accepted = sorted(model.model_fields)
+        if table in COMPONENT_TABLES:
+            accepted = ["name", *accepted]
+        if table == "dataset":
+            accepted = sorted({*accepted, *LoaderOptions.model_fields})
+        problems.extend(_problems_from(error, table, raw, accepted))
+        return None
+
+
+def _component_table(raw: RawJob, table: str, problems: list[Problem]) -> dict[str, Any] | None:
+    value = raw.data.get(table, {})
+    if not isinstance(value, dict):
+        origin = raw.origin(table)
+        problems.append(Problem(origin.file, table, f"must be a table ([{table}]), got {value!r}", origin.line))
+        return None
+    return dict(value)
+
+
+def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem]) -> Chosen | None:
+    values = _component_table(raw, table, problems)
+    if values is None:
+        return None
+    name = values.pop("name", DEFAULT_COMPONENTS.get(table))
+    if name is None:
+        origin = raw.origin(table)
+        known = ", ".join(sorted(host.components[table]))
+        problems.append(Problem(origin.file, f"{table}.name", f"required: which {table} to use, one of: {known}", origin.line))
+        return None
+    if not isinstance(name, str):
+        origin = raw.origin(f"{table}.name")
+        problems.append(Problem(origin.file, f"{table}.name", f"must be a string, got {name!r}", origin.line))
+        return None
+    try:
+        component = host.lookup(table, name)
+    except ComponentLookupError as error:
+        origin = raw.origin(f"{table}.name")
+        problems.append(Problem(origin.file, f"{table}.name", str(error), origin.line))
+        return None
+    if table == "dataset":
+        values = {k: v for k, v in values.items() if k not in LoaderOptions.model_fields}
+    options = _check(component.options, values, table, raw, problems)
+    return Chosen(component, options) if options is not None else None
+
+
+def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
+    """Check ``raw`` completely against the host's tables and the registered components.
+
+    Raises :class:`JobError` with every problem found.
+    """
+    problems: list[Problem] = []
+    for table, value in raw.data.items():
+        if table not in TABLE_ORDER:
+            origin = raw.origin(table)
+            close = difflib.get_close_matches(table, TABLE_ORDER, n=1)
+            hint = f"did you mean [{close[0]}]? " if close else ""
+            what = "table" if isinstance(value, dict) else "top-level key"
+            problems.append(Problem(origin.file, table, f"unknown {what}; {hint}Job files have the tables {', '.join(TABLE_ORDER)}", origin.line))
+
+    host_tables: dict[str, Options | None] = {}
+    for table in HOST_TABLES:
+        values = _component_table(raw, table, problems)
+        host_tables[table] = _check(_HOST_MODELS[table], values, table, raw, problems) if values is not None else None
+
+    chosen = {table: _choose(raw, host, table, problems) for table in COMPONENT_TABLES}
+    dataset_values = _component_table(raw, "dataset", []) or {}
+    loader_values = {k: v for k, v in dataset_values.items() if k in LoaderOptions.model_fields}
+    loader = _check(LoaderOptions, loader_values, "dataset", raw, problems)
+
+    if problems:
+        raise JobError(problems)
+    return ResolvedJob(source=raw, loader=loader, **host_tables, **chosen)  # type: ignore[arg-type]
+
+
+def load_resolved(path: str | Path, overrides: list[str] | tuple[str, ...], host: PluginHost) -> ResolvedJob:
+    """Read ``path`` with ``overrides`` and check it completely; raises JobError."""
+    return resolve(load_job(path, overrides), host)

@@ -1,0 +1,146 @@
+"""Built-in image datasets: ``cifar10`` (torchvision's CIFAR10) and ``imagefolder``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from runjob import AbsolutePath, DataError, DatasetSplits, ExistingDir, Options, hookimpl
+
+CIFAR_MEAN = [0.4914, 0.4822, 0.4465]
+CIFAR_STD = [0.2470, 0.2435, 0.2616]
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+CIFAR_FOLDER = "cifar-10-batches-py"
+
+
+class CIFAR10Options(Options):
+    download: bool = True
+    """Download into root when the files are not there yet (needs internet)."""
+    verify: bool = True
+    """Check the files' md5 sums against torchvision's; false accepts any complete copy."""
+    root: AbsolutePath = "data/cifar10"
+    """The folder holding cifar-10-batches-py/ (or where to download it)."""
+    augment: bool = True
+    """Random crop (padding 4) and horizontal flip for training."""
+
+    @field_validator("root")
+    @classmethod
+    def _copy_present_without_download(cls, root: str, info: ValidationInfo) -> str:
+        if not info.data.get("download", True) and not (Path(root) / CIFAR_FOLDER).is_dir():
+            raise ValueError(f"folder not found: {Path(root) / CIFAR_FOLDER} (download = false, so a copy must be there)")
+        return root
+
+
+class ImageFolderOptions(Options):
+    root: ExistingDir
+    """A folder holding train/<class>/ and val/<class>/ images."""
+    image_size: int | None = Field(None, ge=1)
+    """Resize every image to image_size x image_size; by default images keep their size."""
+    augment: bool = False
+    """Random horizontal flip for training."""
+    mean: list[float] = Field(default_factory=lambda: list(IMAGENET_MEAN))
+    std: list[float] = Field(default_factory=lambda: list(IMAGENET_STD))
+
+    @field_validator("mean")
+    @classmethod
+    def _three_values(cls, values: list[float]) -> list[float]:
+        if len(values) != 3:
+            raise ValueError(f"needs 3 numbers (one per RGB channel), got {values}")
+        return values
+
+    @field_validator("std")
+    @classmethod
+    def _three_positive(cls, values: list[float]) -> list[float]:
+        if len(values) != 3 or not all(v > 0 for v in values):
+            raise ValueError(f"needs 3 positive numbers (one per RGB channel), got {values}")
+        return values
+
+    @field_validator("root")
+    @classmethod
+    def _train_and_val_with_same_classes(cls, root: str) -> str:
+        splits = {name: Path(root) / name for name in ("train", "val")}
+        missing = [str(path) for path in splits.values() if not path.is_dir()]
+        if missing:
+            raise ValueError(f"folder not found: {', '.join(missing)} (root needs train/<class>/ and val/<class>/)")
+        classes = {name: sorted(p.name for p in path.iterdir() if p.is_dir()) for name, path in splits.items()}
+        if not classes["train"]:
+            raise ValueError(f"no class folders in {splits['train']}")
+        if classes["train"] != classes["val"]:
+            only_train = sorted(set(classes["train"]) - set(classes["val"]))
+            only_val = sorted(set(classes["val"]) - set(classes["train"]))
+            raise ValueError(f"train/ and val/ must hold the same class folders; only in train: {only_train}, only in val: {only_val}")
+        return root
+
+
+def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
+    """torchvision's CIFAR10, with the standard augmentation for training."""
+    from torchvision import datasets, transforms
+
+    normalize = transforms.Normalize(CIFAR_MEAN, CIFAR_STD)
+    eval_tf = transforms.Compose([transforms.ToTensor(), normalize])
+    train_tf = eval_tf
+    if options.augment:
+        train_tf = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(), transforms.ToTensor(), normalize])
+
+    cifar = datasets.CIFAR10
+    if not options.verify:
+
+        class PresenceCheckedCIFAR10(datasets.CIFAR10):
+            """CIFAR10 that accepts any copy whose batch files are all present."""
+
+            def _check_integrity(self) -> bool:
+                folder = Path(self.root) / self.base_folder
+                return all((folder / name).is_file() for name, _ in self.train_list + self.test_list)
+
+        cifar = PresenceCheckedCIFAR10
+
+    folder = Path(options.root) / CIFAR_FOLDER
+    try:
+        train = cifar(options.root, train=True, download=options.download, transform=train_tf)
+        val = cifar(options.root, train=False, download=False, transform=eval_tf)
+    except RuntimeError as error:  # torchvision: "Dataset not found or corrupted"
+        check = "whose md5 sums match torchvision's (dataset.verify = false accepts any complete copy)" if options.verify else "with all batch files"
+        raise DataError(f"CIFAR-10 not found or incomplete in {folder}: put a copy of {CIFAR_FOLDER}/ there {check}; ({error})") from None
+    except OSError as error:  # network failures while downloading
+        raise DataError(
+            f"could not download CIFAR-10 into {options.root} ({error}); put a copy of {CIFAR_FOLDER}/ in dataset.root "
+            "and set dataset.download = false"
+        ) from None
+    except Exception as error:  # a corrupt pickle batch
+        raise DataError(f"cannot read CIFAR-10 from {folder}: {type(error).__name__}: {error}") from None
+    return DatasetSplits(train=train, val=val, num_classes=len(train.classes), classes=list(train.classes))
+
+
+def _read_image(path: str):
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as file:
+            return Image.open(file).convert("RGB")
+    except Exception as error:
+        raise DataError(f"cannot read image {path}: {type(error).__name__}: {error}") from None
+
+
+def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
+    """torchvision's ImageFolder over root/train and root/val."""
+    from torchvision import datasets, transforms
+
+    resize = [transforms.Resize((options.image_size, options.image_size))] if options.image_size else []
+    tail = [transforms.ToTensor(), transforms.Normalize(options.mean, options.std)]
+    flip = [transforms.RandomHorizontalFlip()] if options.augment else []
+    root = Path(options.root)
+    try:
+        train = datasets.ImageFolder(str(root / "train"), transform=transforms.Compose(resize + flip + tail), loader=_read_image)
+        val = datasets.ImageFolder(str(root / "val"), transform=transforms.Compose(resize + tail), loader=_read_image)
+    except FileNotFoundError as error:  # a class folder without any image
+        raise DataError(f"{error} (dataset.root = {root})") from None
+    return DatasetSplits(train=train, val=val, num_classes=len(train.classes), classes=list(train.classes))
+
+
+@hookimpl
+def runjob_register_datasets(register):
+    """Register cifar10 and imagefolder."""
+    register("cifar10", build_cifar10, options=CIFAR10Options, description="CIFAR-10 through torchvision (download, md5 check, standard augmentation)")
+    register("imagefolder", build_imagefolder, options=ImageFolderOptions, description="torchvision ImageFolder over root/train and root/val")

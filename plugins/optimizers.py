@@ -1,0 +1,63 @@
+"""Built-in optimizers: SGD, Adam and AdamW from torch.optim."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+
+from runjob import Options, hookimpl
+
+
+class SGDOptions(Options):
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = False
+    weight_decay: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> "SGDOptions":
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("nesterov = true needs momentum > 0")
+        return self
+
+
+class AdamOptions(Options):
+    lr: float = Field(1e-3, gt=0)
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "AdamOptions":
+        if not all(0 <= beta < 1 for beta in self.betas):
+            raise ValueError(f"betas must each be in [0, 1), got {self.betas}")
+        return self
+
+
+class AdamWOptions(AdamOptions):
+    weight_decay: float = Field(0.01, ge=0)
+
+
+def build_sgd(params, options: SGDOptions):
+    import torch
+
+    return torch.optim.SGD(params, lr=options.lr, momentum=options.momentum, nesterov=options.nesterov, weight_decay=options.weight_decay)
+
+
+def build_adam(params, options: AdamOptions):
+    import torch
+
+    return torch.optim.Adam(params, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay)
+
+
+def build_adamw(params, options: AdamWOptions):
+    import torch
+
+    return torch.optim.AdamW(params, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay)
+
+
+@hookimpl
+def runjob_register_optimizers(register):
+    """Register sgd, adam and adamw."""
+    register("sgd", build_sgd, options=SGDOptions, description="torch.optim.SGD (momentum, nesterov)")
+    register("adam", build_adam, options=AdamOptions, description="torch.optim.Adam")
+    register("adamw", build_adamw, options=AdamWOptions, description="torch.optim.AdamW (decoupled weight decay)")
