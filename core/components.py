@@ -7,6 +7,7 @@ and ``runjob validate`` can check a whole job without building anything.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable
@@ -33,22 +34,27 @@ class NoOptions(Options):
     """Options of a component that takes none."""
 
 
+def _absolute(value: str) -> Path:
+    # absolute, but symbolic links kept: they are often how users point at scratch storage
+    return Path(os.path.abspath(os.path.expanduser(value)))
+
+
 def _existing_dir(value: str) -> str:
-    path = Path(value).expanduser().resolve()
+    path = _absolute(value)
     if not path.is_dir():
         raise ValueError(f"folder not found: {path}" if not path.exists() else f"not a folder: {path}")
     return str(path)
 
 
 def _existing_file(value: str) -> str:
-    path = Path(value).expanduser().resolve()
+    path = _absolute(value)
     if not path.is_file():
         raise ValueError(f"file not found: {path}" if not path.exists() else f"not a file: {path}")
     return str(path)
 
 
 def _absolute_path(value: str) -> str:
-    return str(Path(value).expanduser().resolve())
+    return str(_absolute(value))
 
 
 ExistingDir = Annotated[str, AfterValidator(_existing_dir)]

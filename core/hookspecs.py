@@ -34,8 +34,8 @@ hookimpl = pluggy.HookimplMarker("runjob")
 def runjob_register_models(register):
     """Register model components (``[model] name = ...``).
 
-    Called once, at plugin load. ``register(name, factory, options=..., description=...)``;
-    ``factory(options) -> torch.nn.Module`` returns a model whose forward takes a batch of inputs
+    Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
+    once per model. ``factory(options) -> torch.nn.Module`` returns a model whose forward takes a batch of inputs
     and returns class logits of shape ``(batch, num_classes)``.
     """
 
@@ -44,7 +44,8 @@ def runjob_register_models(register):
 def runjob_register_datasets(register):
     """Register dataset components (``[dataset] name = ...``).
 
-    Called once, at plugin load. ``factory(options) -> runjob.DatasetSplits`` returns the training
+    Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
+    once per dataset. ``factory(options) -> runjob.DatasetSplits`` returns the training
     and validation ``torch.utils.data.Dataset`` objects (items are ``(input, class_index)`` pairs)
     and the number of classes. The host adds the DataLoader keys (``num_workers``, ``pin_memory``,
     ``persistent_workers``, ``prefetch_factor``) to every dataset table; the options model must
@@ -57,7 +58,8 @@ def runjob_register_datasets(register):
 def runjob_register_optimizers(register):
     """Register optimizer components (``[optimizer] name = ...``).
 
-    Called once, at plugin load. ``factory(params, options) -> torch.optim.Optimizer``, where
+    Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
+    once per optimizer. ``factory(params, options) -> torch.optim.Optimizer``, where
     ``params`` is the model's parameters (an iterable of tensors).
     """
 
@@ -66,7 +68,8 @@ def runjob_register_optimizers(register):
 def runjob_register_schedulers(register):
     """Register learning-rate scheduler components (``[scheduler] name = ...``).
 
-    Called once, at plugin load. ``factory(optimizer, options, total_steps) ->
+    Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
+    once per schedule. ``factory(optimizer, options, total_steps) ->
     torch.optim.lr_scheduler.LRScheduler | None``. ``total_steps`` is the number of optimizer
     steps the run will take; the host calls ``scheduler.step()`` once after every optimizer step
     that was not skipped. Return ``None`` for a constant learning rate.
@@ -77,7 +80,8 @@ def runjob_register_schedulers(register):
 def runjob_register_strategies(register):
     """Register distribution strategies (``[strategy] name = ...``).
 
-    Called once, at plugin load. ``factory(options) -> runjob.StrategyPlan``: the Accelerate
+    Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
+    once per strategy. ``factory(options) -> runjob.StrategyPlan``: the Accelerate
     objects (kwargs handlers, an FSDP or DeepSpeed plugin) the host passes to ``Accelerator``, and
     the distributed type the strategy expects, which the host checks against what Accelerate
     actually set up.
@@ -99,7 +103,7 @@ def runjob_run_start(run):
 def runjob_after_step(run, step, epoch, loss):
     """Called on every process after each optimizer step.
 
-    ``step`` is the global optimizer step just finished (1-based), ``epoch`` the 0-based epoch,
+    ``run`` is the :class:`runjob.RunContext`; ``step`` is the global optimizer step just finished (1-based), ``epoch`` the 0-based epoch,
     ``loss`` the step's training loss on this process as a detached 0-dim tensor (the last
     micro-batch's when accumulating). Calling ``loss.item()`` waits for the device: do it only
     every few steps, as the host does for ``train.log_every``.
@@ -111,7 +115,7 @@ def runjob_after_log(run, step, metrics):
     """Called on the main process each time training metrics are logged (every ``train.log_every``
     optimizer steps).
 
-    ``metrics`` maps metric names (``train/loss``, ``lr``, ``train/samples_per_s``) to floats,
+    ``run`` is the :class:`runjob.RunContext`, ``step`` the global optimizer step; ``metrics`` maps metric names (``train/loss``, ``lr``, ``train/samples_per_s``) to floats,
     exactly as sent to MLflow and ``metrics.jsonl`` at ``step``.
     """
 
@@ -120,7 +124,7 @@ def runjob_after_log(run, step, metrics):
 def runjob_after_evaluation(run, epoch, step, metrics):
     """Called on every process after each evaluation over the whole validation set.
 
-    ``epoch`` is the 0-based epoch just evaluated, ``step`` the global optimizer step, and
+    ``run`` is the :class:`runjob.RunContext`; ``epoch`` is the 0-based epoch just evaluated, ``step`` the global optimizer step, and
     ``metrics`` maps ``val/loss`` and ``val/accuracy`` (a fraction) to floats, identical on every
     process.
     """
@@ -130,7 +134,7 @@ def runjob_after_evaluation(run, epoch, step, metrics):
 def runjob_run_end(run, status, error):
     """Called once per process when the run ends, whether it finished or failed.
 
-    ``status`` is ``"FINISHED"``, ``"FAILED"`` or ``"KILLED"`` (interrupted); ``error`` is the
+    ``run`` is the :class:`runjob.RunContext`; ``status`` is ``"FINISHED"``, ``"FAILED"`` or ``"KILLED"`` (interrupted); ``error`` is the
     exception that ended it, or ``None``. Called before the MLflow run is closed. An exception
     raised here is reported but does not change the run's status.
     """

@@ -178,7 +178,7 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
     loader = _check(LoaderOptions, loader_values, "dataset", raw, problems)
 
     if problems:
-        raise JobError(problems)
+        raise JobError(sorted(problems, key=lambda p: (p.file != str(raw.path), p.file, p.line or 0)))
     return ResolvedJob(source=raw, loader=loader, **host_tables, **chosen)  # type: ignore[arg-type]
 
 

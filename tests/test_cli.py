@@ -1,0 +1,74 @@
+"""The command line: quick help, validate's output and exit codes, clean one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+
+from conftest import clean_env, write_job
+
+HEAVY = ("torch", "torchvision", "mlflow", "accelerate")
+
+
+def imported_after(tmp_path, call: str) -> list[str]:
+    """Which heavy modules are imported after running ``call`` (Python source) in a fresh process."""
+    code = (
+        "import sys\nfrom runjob.cli import main\n"
+        f"try:\n    {call}\nexcept SystemExit:\n    pass\n"
+        f"print('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(tmp_path), capture_output=True, text=True, timeout=120)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("HEAVY=")][-1]
+    return [m for m in line.removeprefix("HEAVY=").split(",") if m]
+
+
+def test_help_imports_no_heavy_library(tmp_path):
+    assert imported_after(tmp_path, "main(['--help'])") == []
+
+
+def test_validate_imports_no_torch_mlflow_or_accelerate(tmp_path, digits_folder):
+    job = write_job(tmp_path / "job.toml", f'[model]\nname = "resnet18"\n[dataset]\nname = "imagefolder"\nroot = "{digits_folder}"\n')
+    assert imported_after(tmp_path, f"main(['validate', {str(job)!r}])") == []
+
+
+def test_validate_prints_the_resolved_job(runjob_cli, tmp_path, digits_folder):
+    write_job(tmp_path / "job.toml", f'[model]\nname = "resnet18"\n[dataset]\nname = "imagefolder"\nroot = "{digits_folder}"\n')
+    result = runjob_cli("validate", "job.toml", "--set", "optimizer.lr=0.05", "--set", "strategy.name=ddp")
+    assert result.returncode == 0, result.stderr
+    resolved = tomllib.loads(result.stdout)
+    assert resolved["optimizer"] == {"name": "adamw", "lr": 0.05, "betas": [0.9, 0.999], "eps": 1e-08, "weight_decay": 0.01}
+    assert resolved["train"]["epochs"] == 1 and resolved["train"]["batch_size"] == 32
+    assert resolved["dataset"]["root"] == str(digits_folder)
+
+
+def test_bad_job_exits_2_with_one_line_per_problem(runjob_cli, tmp_path):
+    write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\nnum_classes = 1\n[dataset]\nname = "imagefolder"\nroot = "missing"\n[train]\nepochs = -1\n')
+    result = runjob_cli("validate", "job.toml")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 3, result.stderr
+    assert all(line.startswith("runjob: job.toml:") for line in lines)
+    assert "Traceback" not in result.stderr
+
+
+def test_syntax_error_exits_2(runjob_cli, tmp_path):
+    write_job(tmp_path / "job.toml", "[model\nname = 1\n")
+    result = runjob_cli("job.toml")
+    assert result.returncode == 2
+    assert result.stderr.startswith("runjob: job.toml:1:")
+    assert "Traceback" not in result.stderr
+
+
+def test_bad_override_exits_2(runjob_cli, tmp_path):
+    write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\n')
+    result = runjob_cli("validate", "job.toml", "--set", "optimizer.lr")
+    assert result.returncode == 2
+    assert "an override must look like table.key=value" in result.stderr
+
+
+def test_no_command_shows_help(runjob_cli):
+    result = runjob_cli()
+    assert result.returncode == 2
+    assert "runjob JOB.toml" in result.stdout

@@ -1,0 +1,132 @@
+"""The plugin host: built-ins and third-party plugins load the same way; failures stay contained."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+import pytest
+
+from conftest import make_plugin_dist, write_job
+from runjob import hookspecs
+from runjob.errors import JobError
+from runjob.plugin_host import ComponentLookupError, load_plugins
+from runjob.validation import load_resolved
+
+TINY_MODEL_PLUGIN = """
+    import runjob
+
+    @runjob.hookimpl
+    def runjob_register_models(register):
+        register("{model}", lambda options: None, description="test model")
+"""
+
+
+@pytest.fixture
+def plugin_path(tmp_path, monkeypatch):
+    """A folder on sys.path where a test lays out installed plugin distributions."""
+    root = tmp_path / "site"
+    root.mkdir()
+    monkeypatch.syspath_prepend(str(root))
+    before = set(sys.modules)
+    yield root
+    for name in set(sys.modules) - before:  # let the next test import its own versions
+        if name.startswith("fake_"):
+            del sys.modules[name]
+
+
+def test_builtins_come_through_the_entry_point_group():
+    host = load_plugins()
+    names = {p.name: p for p in host.plugins}
+    assert {"torchvision_models", "image_datasets", "digits", "optimizers", "schedulers", "strategies"} <= set(names)
+    assert names["optimizers"].distribution == "runjob-train"
+    assert names["optimizers"].registers == {"optimizer": ["sgd", "adam", "adamw"]}
+    assert host.failures == []
+
+
+def test_broken_plugin_is_reported_and_only_matters_when_needed(plugin_path, tmp_path):
+    make_plugin_dist(plugin_path, "fake-broken", "2.3", {"broken": "fake_broken"}, {"fake_broken": "import no_such_module_here\n"})
+    host = load_plugins()
+    (failure,) = host.failures
+    assert (failure.name, failure.distribution, failure.version) == ("broken", "fake-broken", "2.3")
+    assert "ModuleNotFoundError" in failure.error and "no_such_module_here" in failure.error
+    assert "resnet18" in host.components["model"]  # the others still loaded
+    with pytest.raises(ComponentLookupError) as caught:
+        host.lookup("model", "fancy_net")
+    assert "Plugins that failed to load, which may have provided it: broken (ModuleNotFoundError" in str(caught.value)
+
+
+def test_duplicate_name_is_an_error_naming_both_plugins(plugin_path, tmp_path):
+    make_plugin_dist(plugin_path, "fake-dupe", "1.0", {"dupe": "fake_dupe"}, {"fake_dupe": TINY_MODEL_PLUGIN.format(model="resnet18")})
+    host = load_plugins()
+    job = write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n')
+    with pytest.raises(JobError) as caught:
+        load_resolved(job, [], host)
+    message = str(caught.value)
+    assert "model 'resnet18' is registered twice" in message
+    assert "torchvision_models (runjob-train 0.1.0)" in message and "dupe (fake-dupe 1.0)" in message
+    load_resolved(job, ["model.name=resnet34"], host)  # other models are not affected
+
+
+def test_misspelt_hook_is_a_failure_not_silence(plugin_path):
+    source = "import runjob\n\n@runjob.hookimpl\ndef runjob_register_model(register):\n    register('x', print)\n"
+    make_plugin_dist(plugin_path, "fake-typo", "0.1", {"typo": "fake_typo"}, {"fake_typo": source})
+    host = load_plugins()
+    (failure,) = host.failures
+    assert failure.name == "typo" and "runjob_register_model" in failure.error
+    assert "typo" not in {p.name for p in host.plugins}
+
+
+def test_registration_that_raises_keeps_nothing(plugin_path):
+    source = """
+        import runjob
+
+        @runjob.hookimpl
+        def runjob_register_models(register):
+            register("half_registered", print)
+            raise RuntimeError("plugin bug")
+    """
+    make_plugin_dist(plugin_path, "fake-raises", "0.1", {"raises": "fake_raises"}, {"fake_raises": source})
+    host = load_plugins()
+    assert [f.name for f in host.failures] == ["raises"]
+    assert "RuntimeError: plugin bug" in host.failures[0].error
+    assert "half_registered" not in host.components["model"]
+
+
+def test_plugins_command_lists_plugins_versions_and_failures(runjob_cli, tmp_path):
+    site = make_plugin_dist(tmp_path / "site", "fake-broken-cli", "9.9", {"brokencli": "fake_brokencli"}, {"fake_brokencli": "raise ImportError('needs libfoo')\n"})
+    result = runjob_cli("plugins", extra_path=[site])
+    assert result.returncode == 0, result.stderr
+    assert "optimizers  (runjob-train 0.1.0, runjob.plugins.optimizers)" in result.stdout
+    assert "optimizers: sgd, adam, adamw" in result.stdout
+    assert "FAILED: brokencli  (fake-broken-cli 9.9): ImportError: needs libfoo" in result.stdout
+
+
+def test_every_hook_is_documented_with_each_argument():
+    specs = [f for name, f in vars(hookspecs).items() if name.startswith("runjob_") and callable(f)]
+    assert len(specs) >= 10
+    for spec in specs:
+        doc = inspect.getdoc(spec) or ""
+        assert len(doc) > 80, f"{spec.__name__} needs a docstring"
+        for argument in inspect.signature(spec).parameters:
+            assert f"``{argument}``" in doc or f"``{argument}(" in doc, f"{spec.__name__} does not document {argument}"
+
+
+def test_builtin_model_names_exist_in_torchvision():
+    import torchvision.models
+
+    from runjob.plugins.torchvision_models import OTHERS, RESNETS
+
+    available = set(torchvision.models.list_models(module=torchvision.models))
+    assert set(RESNETS + OTHERS) <= available
+
+
+def test_cifar_stem_changes_the_first_layers():
+    from runjob.plugins.torchvision_models import ResNetOptions, build
+
+    import torch
+
+    model = build("resnet18", ResNetOptions(num_classes=10, cifar_stem=True))
+    assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
+    assert isinstance(model.maxpool, torch.nn.Identity)
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
