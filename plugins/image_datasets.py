@@ -88,11 +88,12 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
     if not options.verify:
 
         class PresenceCheckedCIFAR10(datasets.CIFAR10):
-            """CIFAR10 that accepts any copy whose batch files are all present."""
+            """CIFAR10 that accepts any copy whose files are all present (torchvision skips the
+            md5 comparison for a file whose expected sum is None)."""
 
-            def _check_integrity(self) -> bool:
-                folder = Path(self.root) / self.base_folder
-                return all((folder / name).is_file() for name, _ in self.train_list + self.test_list)
+            train_list = [[name, None] for name, _ in datasets.CIFAR10.train_list]
+            test_list = [[name, None] for name, _ in datasets.CIFAR10.test_list]
+            meta = {**datasets.CIFAR10.meta, "md5": None}
 
         cifar = PresenceCheckedCIFAR10
 

@@ -242,3 +242,20 @@ def test_output_dir_holding_a_run_is_not_overwritten(runjob_cli, tmp_path):
     assert result.returncode == 2
     assert "already holds a run" in result.stderr
     assert (tmp_path / "out" / "job.toml").read_text() == "# an earlier run\n"
+
+
+def test_headline_job_runs_on_cifar_files_the_test_wrote(runjob_cli, tmp_path):
+    from conftest import REPO, write_cifar_batches
+
+    write_cifar_batches(tmp_path / "cifar", per_batch=16)
+    result = runjob_cli(
+        str(REPO / "jobs" / "resnet_cifar.toml"),
+        "--set", "dataset.root=cifar", "--set", "dataset.download=false", "--set", "dataset.verify=false",
+        "--set", "dataset.num_workers=0", "--set", "dataset.persistent_workers=false",
+        "--set", "train.max_steps=2", "--set", "train.batch_size=8", "--set", "train.mixed_precision=no",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    _, run = only_run(tmp_path, "cifar10")
+    assert run.info.status == "FINISHED"
+    assert run.data.params["model.cifar_stem"] == "true"
+    assert run.data.params["scheduler.name"] == "onecycle"

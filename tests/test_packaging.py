@@ -1,0 +1,94 @@
+"""Packaging: a plain wheel holds runjob and its plugins; a plugin package plugs in by entry point alone."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+from conftest import REPO, clean_env, write_job
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def pip(*args: str, cwd) -> None:
+    proc = subprocess.run([sys.executable, "-m", "pip", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    """A wheel of this repository, built from a copy of its sources (the checkout stays clean)."""
+    work = tmp_path_factory.mktemp("wheel")
+    source = work / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for folder in ("core", "plugins"):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(work / "dist"), str(source), cwd=work)
+    (built,) = (work / "dist").glob("runjob_train-*.whl")
+    return built
+
+
+def test_wheel_holds_the_package_plugins_and_entry_points(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "runjob/cli.py" in names and "runjob/hookspecs.py" in names
+    assert "runjob/plugins/torchvision_models.py" in names and "runjob/plugins/digits.py" in names
+    (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "[console_scripts]\nrunjob = runjob.cli:main" in text
+    assert "[runjob]" in text and "torchvision_models = runjob.plugins.torchvision_models" in text
+
+
+def test_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
+    target = tmp_path / "site"
+    pip("install", "--no-deps", "--target", str(target), str(wheel), cwd=tmp_path)
+    code = "import runjob, runjob.plugins; print(runjob.__file__); from runjob.cli import main; main(['plugins'])"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(tmp_path, [target]), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].startswith(str(target))
+    assert "torchvision_models  (runjob-train 0.1.0" in proc.stdout
+    assert "FAILED" not in proc.stdout
+
+
+def test_example_plugin_package_plugs_in_through_its_entry_point(runjob_cli, tmp_path):
+    target = tmp_path / "site"
+    pip("install", "--no-deps", "--no-build-isolation", "--target", str(target), str(REPO / "examples" / "runjob-tinymlp"), cwd=tmp_path)
+
+    listed = runjob_cli("plugins", extra_path=[target])
+    assert "tinymlp  (runjob-tinymlp 0.1.0, runjob_tinymlp)" in listed.stdout
+    assert "models: tiny_mlp" in listed.stdout
+
+    write_job(tmp_path / "job.toml", """
+        [job]
+        name = "tiny"
+        [model]
+        name = "tiny_mlp"
+        num_classes = 10
+        in_features = 768
+        hidden_size = 32
+        [dataset]
+        name = "digits"
+        image_size = 16
+        [optimizer]
+        name = "adam"
+        lr = 0.01
+        [train]
+        epochs = 3
+        batch_size = 64
+    """)
+    bad = runjob_cli("validate", "job.toml", "--set", "model.hidden_size=0", extra_path=[target])
+    assert bad.returncode == 2 and "model.hidden_size: Input should be greater than or equal to 1 (got 0)" in bad.stderr
+    result = runjob_cli("job.toml", extra_path=[target])
+    assert result.returncode == 0, result.stderr[-3000:]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["runjob.plugin.tinymlp"] == "runjob-tinymlp 0.1.0"
+    assert run.data.metrics["val/accuracy"] > 0.8  # a small MLP learns the digits too
