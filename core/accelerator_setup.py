@@ -7,20 +7,33 @@ is read or model built.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from runjob.components import StrategyPlan
 from runjob.errors import TrainingError
 
 
+def launched_processes() -> int:
+    """How many processes the launcher (torchrun, accelerate launch, ...) started: ``WORLD_SIZE``."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
 def build_accelerator(job: Any, plan: StrategyPlan) -> Any:
     """An Accelerator with the job's precision, accumulation, seeded sampling and strategy objects."""
+    import torch
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
+    # Several processes on a machine without CUDA: Accelerate runs them as MULTI_CPU (gloo) only
+    # when told to use the CPU; otherwise each would train alone, believing it is rank 0.
+    cpu = job.train.cpu or (launched_processes() > 1 and not torch.cuda.is_available())
     try:
         return Accelerator(
-            cpu=job.train.cpu,
+            cpu=cpu,
             mixed_precision=job.train.mixed_precision,
             gradient_accumulation_steps=job.train.gradient_accumulation_steps,
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=job.job.seed),
@@ -44,6 +57,8 @@ def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
     elif accelerator.mixed_precision != asked:
         problems.append(f"train.mixed_precision = {asked!r}, but Accelerate set up {accelerator.mixed_precision!r}")
     processes = accelerator.num_processes
+    if processes != launched_processes():
+        problems.append(f"{launched_processes()} processes were launched (WORLD_SIZE), but Accelerate set up {processes}")
     strategy = job.strategy.name
     if plan.max_processes is not None and processes > plan.max_processes:
         problems.append(f"strategy.name = {strategy!r} runs at most {plan.max_processes} process(es), but {processes} were started")

@@ -62,7 +62,7 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None) 
     plan = job.strategy.component.factory(job.strategy.options)
     accelerator = build_accelerator(job, plan)
     check_setup(accelerator, job, plan)
-    output_dir = choose_output_dir(job.job.name, output_dir)
+    output_dir = _same_on_all_processes(accelerator, choose_output_dir(job.job.name, output_dir))
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "job.toml").write_text(job.to_toml(), encoding="utf-8")
@@ -99,6 +99,15 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None) 
     finally:
         _finish(host, run, recorder, accelerator, status, error)
     return 0
+
+
+def _same_on_all_processes(accelerator: Any, output_dir: Path) -> Path:
+    """The main process's choice (default folders are named by the time, which may differ)."""
+    if accelerator.num_processes == 1:
+        return output_dir
+    from accelerate.utils import broadcast_object_list
+
+    return Path(broadcast_object_list([str(output_dir)])[0])
 
 
 def _finish(host: PluginHost, run: RunContext | None, recorder: Recorder, accelerator: Any, status: str, error: BaseException | None) -> None:

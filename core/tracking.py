@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import TrackingError
+from runjob.errors import TrackingError, user_message
 
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
@@ -55,10 +55,14 @@ class Recorder:
             mlflow.set_tracking_uri(uri)
             mlflow.set_experiment(experiment)
             run = mlflow.start_run(run_name=run_name, tags=tags)
-            mlflow.log_params(params)
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
             raise TrackingError(f"cannot record the run to MLflow at {uri} (tracking.uri): {type(error).__name__}: {_first_line(error)}") from None
         self.run_id = run.info.run_id
+        try:
+            mlflow.log_params(params)
+        except Exception as error:  # noqa: BLE001
+            self.end("FAILED", error)  # a run is never left RUNNING
+            raise TrackingError(f"MLflow at {uri} refused the run's params: {type(error).__name__}: {_first_line(error)}") from None
         return self.run_id
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -96,7 +100,8 @@ class Recorder:
         import mlflow
 
         if error is not None:
-            mlflow.set_tag("runjob.error", f"{type(error).__name__}: {_first_line(error)}"[:5000])
+            lines = user_message(error).strip().splitlines()
+            mlflow.set_tag("runjob.error", f"{type(error).__name__}: {lines[0] if lines else ''}"[:5000])
         mlflow.flush_async_logging()
         mlflow.end_run(status=status)
 

@@ -108,3 +108,22 @@ def write_cifar_batches(root: Path, per_batch: int = 20, seed: int = 0) -> Path:
     with open(folder / "batches.meta", "wb") as file:
         pickle.dump({"label_names": classes, "num_cases_per_batch": per_batch, "num_vis": 3072}, file)
     return root
+
+
+def run_process_group(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> Result:
+    """Run ``command`` in its own process group; on timeout, kill the whole group (workers too)."""
+    import signal
+
+    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"{command} did not finish in {timeout} s:\n{stderr[-3000:]}") from None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the group may outlive the test
+        except ProcessLookupError:
+            pass
+    return Result(proc.returncode, stdout, stderr)
