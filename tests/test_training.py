@@ -259,3 +259,16 @@ def test_headline_job_runs_on_cifar_files_the_test_wrote(runjob_cli, tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.params["model.cifar_stem"] == "true"
     assert run.data.params["scheduler.name"] == "onecycle"
+
+
+def test_same_job_and_seed_give_the_same_weights(runjob_cli, tmp_path):
+    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="seeded"))
+    steps = ("--set", "train.max_steps=3")
+    for out in ("a", "b"):
+        result = runjob_cli("job.toml", *steps, "--output-dir", out)
+        assert result.returncode == 0, result.stderr[-2000:]
+    other = runjob_cli("job.toml", *steps, "--set", "job.seed=1", "--output-dir", "c")
+    assert other.returncode == 0, other.stderr[-2000:]
+    weights = {out: (tmp_path / out / "model.safetensors").read_bytes() for out in "abc"}
+    assert weights["a"] == weights["b"]
+    assert weights["a"] != weights["c"]
