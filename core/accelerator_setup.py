@@ -7,19 +7,11 @@ is read or model built.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from runjob.components import StrategyPlan
 from runjob.errors import TrainingError
-
-
-def launched_processes() -> int:
-    """How many processes the launcher (torchrun, accelerate launch, ...) started: ``WORLD_SIZE``."""
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
+from runjob.launcher import launched_processes
 
 
 def build_accelerator(job: Any, plan: StrategyPlan) -> Any:
@@ -63,8 +55,12 @@ def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
     if plan.max_processes is not None and processes > plan.max_processes:
         problems.append(f"strategy.name = {strategy!r} runs at most {plan.max_processes} process(es), but {processes} were started")
     actual = accelerator.distributed_type.name
-    if processes > 1 and plan.expected_distributed_types and actual not in plan.expected_distributed_types:
-        problems.append(f"strategy.name = {strategy!r} expects {' or '.join(plan.expected_distributed_types)} with {processes} processes, but Accelerate set up {actual}")
+    if plan.expected_distributed_types and actual not in plan.expected_distributed_types:
+        needs = f" ({plan.requirement})" if plan.requirement else ""
+        problems.append(
+            f"strategy.name = {strategy!r} needs {' or '.join(plan.expected_distributed_types)}{needs}, but Accelerate "
+            f"set up {actual} with {processes} process(es) on {device}; it would have trained without {strategy}"
+        )
     if problems:
         raise TrainingError("; ".join(problems))
 
@@ -76,4 +72,13 @@ def actual_setup(accelerator: Any) -> dict[str, str]:
         "runjob.world_size": str(accelerator.num_processes),
         "runjob.mixed_precision": accelerator.mixed_precision,
         "runjob.device": accelerator.device.type,
+        "runjob.num_machines": str(_machines(accelerator)),
     }
+
+
+def _machines(accelerator: Any) -> int:
+    """Machines in the job: processes divided by processes per machine (``LOCAL_WORLD_SIZE``)."""
+    import os
+
+    per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes) or 1)
+    return max(1, accelerator.num_processes // per_machine)

@@ -8,13 +8,14 @@ import sys
 import textwrap
 from pathlib import Path
 
-COMMANDS = ("run", "validate", "plugins")
+COMMANDS = ("run", "validate", "doctor", "plugins")
 
 DESCRIPTION = """\
 Train from a declarative TOML job file.
 
   runjob JOB.toml [--set table.key=value]... [--output-dir DIR]   train (same as `runjob run`)
   runjob validate JOB.toml [--set table.key=value]...             check the job, print it resolved
+  runjob doctor [JOB.toml] [--json]                               check this machine (GPUs, NCCL, MLflow, plugins)
   runjob plugins                                                  list plugins and their components
 """
 
@@ -31,19 +32,51 @@ def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+LAUNCH_FLAGS = {
+    "num_processes": (int, "processes in all, across machines (launch.num_processes)"),
+    "num_machines": (int, "machines in the job (launch.num_machines)"),
+    "machine_rank": (int, "this machine's rank, 0 for the main one (launch.machine_rank)"),
+    "main_process_ip": (str, "address of machine 0 (launch.main_process_ip)"),
+    "main_process_port": (int, "port on machine 0 (launch.main_process_port)"),
+}
+
+
+def _add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("launch (named as `accelerate launch` names them; they win over [launch])")
+    for key, (kind, text) in LAUNCH_FLAGS.items():
+        group.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, metavar=key.split("_")[-1].upper(), help=text)
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` values, then the launch flags as ``launch.*`` overrides (so they win)."""
+    overrides = list(args.overrides)
+    for key in LAUNCH_FLAGS:
+        value = getattr(args, key, None)
+        if value is not None:
+            overrides.append(f"launch.{key}={value!r}" if isinstance(value, str) else f"launch.{key}={value}")
+    return overrides
+
+
 def build_parser() -> argparse.ArgumentParser:
     from runjob import __version__
 
     parser = argparse.ArgumentParser(prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"runjob {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{run,validate,plugins}")
+    commands = parser.add_subparsers(dest="command", metavar="{run,validate,doctor,plugins}")
 
     run = commands.add_parser("run", help="train the job (the default command)", description="Train the job and record it to MLflow.")
     _add_job_arguments(run)
     run.add_argument("--output-dir", type=Path, help="where job.toml, metrics.jsonl and model.safetensors go (default: runs/<job name>/<time>)")
+    _add_launch_arguments(run)
 
     validate = commands.add_parser("validate", help="check a job without running it and print it resolved", description="Check the job completely and print it, defaults filled in, as TOML. Exit 0 if it can run, 2 if not.")
     _add_job_arguments(validate)
+    _add_launch_arguments(validate)
+
+    doctor = commands.add_parser("doctor", help="check this machine for a job: torch, CUDA, GPUs, NCCL, /dev/shm, MLflow, plugins", description="Check the environment (and, given a job, what it needs). Exit 1 on a blocking problem.")
+    doctor.add_argument("job", type=Path, nargs="?", help="a job file to check the environment against (optional)")
+    doctor.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override one job key (repeatable)")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
 
     commands.add_parser("plugins", help="list plugins, their versions and what they register", description="List every plugin, its distribution and version, and the components it registers.")
     return parser
@@ -58,9 +91,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from runjob.plugin_host import load_plugins
     from runjob.validation import load_resolved
 
-    job = load_resolved(args.job, args.overrides, load_plugins())
+    from runjob.plan import plan_lines
+
+    job = load_resolved(args.job, _overrides(args), load_plugins())
     sys.stdout.write(job.to_toml())
+    for line in plan_lines(job):  # stderr, so stdout stays the resolved job alone
+        print(f"runjob: plan: {line}", file=sys.stderr)
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from runjob.doctor import collect_checks, exit_code, report_json, report_text
+    from runjob.plugin_host import load_plugins
+    from runjob.validation import load_resolved
+
+    host = load_plugins()
+    job = load_resolved(args.job, args.overrides, host) if args.job else None
+    checks = collect_checks(job, host)
+    print(report_json(checks) if args.json else report_text(checks))
+    return exit_code(checks)
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -84,11 +133,20 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from runjob.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
+    from runjob.outputs import choose_output_dir
     from runjob.plugin_host import load_plugins
     from runjob.validation import load_resolved
 
+    overrides = _overrides(args)
     host = load_plugins()
-    job = load_resolved(args.job, args.overrides, host)
+    adopt_slurm_environment()
+    job = load_resolved(args.job, overrides, host)
+    launch = job.launch
+    if is_worker():
+        check_launched_as_asked(launch)
+    elif launch.num_processes > 1 or launch.num_machines > 1:
+        return launch_workers(launch, args.job, overrides, choose_output_dir(job.job.name, args.output_dir))
     from runjob.runner import run_job
 
     return run_job(job, host, output_dir=args.output_dir)
@@ -104,16 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from runjob.errors import RunjobError, user_message
+    from runjob.errors import RunjobError, Terminated, user_message
 
     try:
-        return {"run": cmd_run, "validate": cmd_validate, "plugins": cmd_plugins}[args.command](args)
+        return {"run": cmd_run, "validate": cmd_validate, "doctor": cmd_doctor, "plugins": cmd_plugins}[args.command](args)
     except RunjobError as error:
         _print_problems(user_message(error))
         return error.exit_code
     except KeyboardInterrupt:
         print("runjob: interrupted", file=sys.stderr)
         return 130
+    except Terminated as stopped:
+        print(f"runjob: stopped by signal {stopped.signum}", file=sys.stderr)
+        return 128 + stopped.signum
     except Exception:  # not a user's mistake: show where it happened
         import traceback
 

@@ -101,11 +101,12 @@ class StrategyPlan:
 
     ``accelerator_kwargs`` go straight to ``accelerate.Accelerator`` (``kwargs_handlers``,
     ``fsdp_plugin``, ``deepspeed_plugin``). ``expected_distributed_types`` lists the names of
-    ``accelerate.DistributedType`` values this strategy accepts when more than one process runs;
-    the host stops with an error when Accelerate set up something else. ``max_processes`` limits
-    how many processes the strategy supports (``None``: any).
+    ``accelerate.DistributedType`` values the strategy accepts; the host stops with an error when
+    Accelerate set up something else (``requirement`` says what is needed, for that message).
+    ``max_processes`` limits how many processes the strategy supports (``None``: any).
     """
 
     accelerator_kwargs: dict[str, Any] = field(default_factory=dict)
     expected_distributed_types: tuple[str, ...] = ()
     max_processes: int | None = None
+    requirement: str = ""

@@ -54,6 +54,14 @@ class TrackingError(RunjobError):
     """MLflow could not be reached or refused what runjob asked of it."""
 
 
+class Terminated(BaseException):
+    """The process was asked to stop (SIGTERM): the run ends KILLED, the exit code is 128 + signal."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by signal {signum}")
+
+
 def user_message(error: BaseException) -> str:
     """The message to show for ``error``, without the worker traceback DataLoader wraps around it.
 

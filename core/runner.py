@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import threading
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
+from runjob.errors import Terminated
 from runjob.accelerator_setup import actual_setup, build_accelerator, check_setup
 from runjob.outputs import choose_output_dir
 from runjob.plugin_host import PluginHost
@@ -77,10 +80,12 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None) 
         tags=_tags(job, host, accelerator, output_dir),
     )
     recorder.log_artifact(output_dir / "job.toml")
-    accelerator.print(f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}" + (f", MLflow run {run_id}" if run_id else ""))
+    if accelerator.is_main_process:
+        print(f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}" + (f", MLflow run {run_id}" if run_id else ""))
 
     run: RunContext | None = None
     status, error = "FINISHED", None
+    _stop_cleanly_on_sigterm()
     try:
         splits, model, optimizer, scheduler, train_loader, val_loader, schedule = _build(job, accelerator)
         run = RunContext(job, accelerator, model, optimizer, scheduler, train_loader, val_loader, output_dir, run_id)
@@ -90,7 +95,7 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None) 
         accelerator.save_model(model, output_dir, safe_serialization=True)
         if accelerator.is_main_process:
             recorder.log_artifact(output_dir / "model.safetensors")
-    except KeyboardInterrupt as interrupt:
+    except (KeyboardInterrupt, Terminated) as interrupt:
         status, error = "KILLED", interrupt
         raise
     except BaseException as failure:
@@ -99,6 +104,18 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None) 
     finally:
         _finish(host, run, recorder, accelerator, status, error)
     return 0
+
+
+def _stop_cleanly_on_sigterm() -> None:
+    """SIGTERM (a launcher stopping its workers, a scheduler's preemption) ends the run KILLED
+    through the normal clean-up instead of killing the process mid-record."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def _same_on_all_processes(accelerator: Any, output_dir: Path) -> Path:

@@ -13,8 +13,8 @@ from pydantic import Field, model_validator
 from runjob.components import Options
 
 COMPONENT_TABLES = ("model", "dataset", "optimizer", "scheduler", "strategy")
-HOST_TABLES = ("job", "train", "tracking")
-TABLE_ORDER = ("job", "model", "dataset", "optimizer", "scheduler", "strategy", "train", "tracking")
+HOST_TABLES = ("job", "train", "launch", "tracking")
+TABLE_ORDER = ("job", "model", "dataset", "optimizer", "scheduler", "strategy", "train", "launch", "tracking")
 # model and dataset have no default: a job must name them
 DEFAULT_COMPONENTS = {"optimizer": "adamw", "scheduler": "none", "strategy": "ddp"}
 
@@ -47,6 +47,32 @@ class TrainTable(Options):
         if isinstance(data, dict) and data.get("epochs") is None and data.get("max_steps") is None:
             return {**data, "epochs": 1}
         return data
+
+
+class LaunchTable(Options):
+    """``[launch]``: how many processes on how many machines, named as ``accelerate launch`` names
+    them. Each key is also a CLI flag (``--num-processes 2``), which wins over the file."""
+
+    num_processes: int = Field(1, ge=1)
+    """Processes in all, across machines (one per GPU, typically)."""
+    num_machines: int = Field(1, ge=1)
+    machine_rank: int = Field(0, ge=0)
+    main_process_ip: str | None = Field(None, min_length=1)
+    main_process_port: int | None = Field(None, ge=1, le=65535)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LaunchTable:
+        if self.num_processes % self.num_machines:
+            raise ValueError(f"num_processes ({self.num_processes}) must be a multiple of num_machines ({self.num_machines})")
+        if self.machine_rank >= self.num_machines:
+            raise ValueError(f"machine_rank ({self.machine_rank}) must be below num_machines ({self.num_machines})")
+        if self.num_machines > 1 and (self.main_process_ip is None or self.main_process_port is None):
+            raise ValueError("several machines need main_process_ip and main_process_port (the address of machine 0)")
+        return self
+
+    @property
+    def processes_per_machine(self) -> int:
+        return self.num_processes // self.num_machines
 
 
 class TrackingTable(Options):

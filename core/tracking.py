@@ -15,6 +15,7 @@ from typing import Any
 
 from runjob.errors import TrackingError, user_message
 
+RUN_RECORD = "mlflow_run.json"  # which MLflow run this output folder belongs to
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
 
@@ -58,6 +59,8 @@ class Recorder:
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
             raise TrackingError(f"cannot record the run to MLflow at {uri} (tracking.uri): {type(error).__name__}: {_first_line(error)}") from None
         self.run_id = run.info.run_id
+        record = {"run_id": self.run_id, "tracking_uri": mlflow.get_tracking_uri(), "experiment": experiment}
+        (self.output_dir / RUN_RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
         try:
             mlflow.log_params(params)
         except Exception as error:  # noqa: BLE001

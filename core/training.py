@@ -121,7 +121,7 @@ class TrainingLoop:
         model.train()
         progress = tqdm(
             total=len(run.train_loader), desc=f"epoch {epoch + 1}/{self.schedule.epochs}", unit="batch",
-            disable=not accelerator.is_local_main_process, leave=False, dynamic_ncols=True,
+            disable=not accelerator.is_main_process, leave=False, dynamic_ncols=True,
             mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
         )
         loss_sum = torch.zeros((), device=accelerator.device)
@@ -182,4 +182,5 @@ class TrainingLoop:
 
     def _summary(self, epoch: int, seconds: float) -> None:
         shown = "  ".join(f"{k} {v:.4g}" for k, v in self.last_metrics.items() if k != "lr")
-        self.run.accelerator.print(f"epoch {epoch + 1}/{self.schedule.epochs}  step {self.step}  {shown}  ({seconds:.1f} s)")
+        if self.run.accelerator.is_main_process:
+            print(f"epoch {epoch + 1}/{self.schedule.epochs}  step {self.step}  {shown}  ({seconds:.1f} s)")

@@ -23,12 +23,13 @@ from runjob.schema import (
     HOST_TABLES,
     TABLE_ORDER,
     JobTable,
+    LaunchTable,
     LoaderOptions,
     TrackingTable,
     TrainTable,
 )
 
-_HOST_MODELS: dict[str, type[Options]] = {"job": JobTable, "train": TrainTable, "tracking": TrackingTable}
+_HOST_MODELS: dict[str, type[Options]] = {"job": JobTable, "train": TrainTable, "launch": LaunchTable, "tracking": TrackingTable}
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class ResolvedJob:
     source: RawJob
     job: JobTable
     train: TrainTable
+    launch: LaunchTable
     tracking: TrackingTable
     loader: LoaderOptions
     model: Chosen

@@ -1,0 +1,111 @@
+"""Starting the worker processes of a job, through ``torch.distributed.run`` (torchrun's own code).
+
+``runjob JOB --num-processes N`` becomes, on each machine, one torchrun agent that starts
+``num_processes / num_machines`` workers running ``python -m runjob run JOB``. Workers find they
+were launched from the environment torchrun sets (``WORLD_SIZE``), as they do under ``torchrun``,
+``accelerate launch`` or ``srun`` started by someone else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import RunjobError
+from runjob.tracking import RUN_RECORD
+
+
+
+def launched_processes() -> int:
+    """How many processes a launcher (torchrun, accelerate launch, srun) started: ``WORLD_SIZE``."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def is_worker() -> bool:
+    """True inside a process that a launcher started (so it must not launch again)."""
+    return "WORLD_SIZE" in os.environ and "RANK" in os.environ
+
+
+def adopt_slurm_environment() -> None:
+    """Under ``srun`` with one task per process and no torchrun, set the variables torch reads.
+
+    Slurm gives each task ``SLURM_PROCID``, ``SLURM_NTASKS`` and ``SLURM_LOCALID``; the sbatch
+    script must export ``MASTER_ADDR`` and ``MASTER_PORT`` (see containers/slurm/).
+    """
+    if is_worker() or int(os.environ.get("SLURM_NTASKS", "1")) <= 1 or "SLURM_PROCID" not in os.environ:
+        return
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise RunjobError(f"started by srun as {os.environ['SLURM_NTASKS']} tasks, but {' and '.join(missing)} not set: export them in the sbatch script")
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if "SLURM_NTASKS_PER_NODE" in os.environ:
+        os.environ["LOCAL_WORLD_SIZE"] = os.environ["SLURM_NTASKS_PER_NODE"].split("(")[0]
+
+
+def check_launched_as_asked(launch: Any) -> None:
+    """A job that says how many processes it wants must get that many from an outside launcher."""
+    started = launched_processes()
+    if launch.num_processes != 1 and started != launch.num_processes:
+        raise RunjobError(f"launch.num_processes = {launch.num_processes}, but the launcher started {started} processes (WORLD_SIZE)")
+
+
+def torchrun_arguments(launch: Any, job_path: Path, overrides: list[str], output_dir: Path) -> list[str]:
+    """The ``torch.distributed.run`` command line that starts this machine's workers."""
+    arguments = ["--nnodes", str(launch.num_machines), "--nproc-per-node", str(launch.processes_per_machine), "--max-restarts", "0"]
+    if launch.num_machines == 1 and launch.main_process_port is None:
+        arguments.append("--standalone")  # a free port on this machine
+    else:
+        arguments += [
+            "--node-rank", str(launch.machine_rank),
+            "--master-addr", launch.main_process_ip or "127.0.0.1",
+            "--master-port", str(launch.main_process_port or 29500),
+        ]
+    worker = ["-m", "runjob", "run", str(job_path), "--output-dir", str(output_dir)]
+    for override in overrides:
+        worker += ["--set", override]
+    return arguments + worker
+
+
+def launch_workers(launch: Any, job_path: Path, overrides: list[str], output_dir: Path) -> int:
+    """Start the workers and wait; returns 0, or the exit code of the first worker that failed."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    arguments = torchrun_arguments(launch, job_path, overrides, output_dir)
+    print(f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of {launch.num_machines} (torch.distributed.run)", file=sys.stderr)
+    try:
+        run(parse_args(arguments))
+    except ChildFailedError as failed:
+        rank, failure = failed.get_first_failure()
+        code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
+        reason = f"worker rank {rank} exited with code {code}"
+        if failure.exitcode < 0:
+            reason += f" ({signal.Signals(-failure.exitcode).name})"
+        print(f"runjob: {reason}; the job was stopped", file=sys.stderr)
+        close_failed_run(output_dir, reason)
+        return code or 1
+    return 0
+
+
+def close_failed_run(output_dir: Path, reason: str) -> None:
+    """Mark the job's MLflow run FAILED if its workers could not (a worker was killed)."""
+    record = output_dir / RUN_RECORD
+    if not record.exists():
+        return
+    info = json.loads(record.read_text())
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=info["tracking_uri"])
+    run = client.get_run(info["run_id"])
+    if run.info.status in ("RUNNING", "KILLED"):
+        client.set_tag(info["run_id"], "runjob.error", reason)
+        client.set_terminated(info["run_id"], status="FAILED")
