@@ -1,0 +1,561 @@
+"""containers/: the image, the Compose file, the Slurm script and the Kubernetes manifest.
+
+No Docker engine, Slurm or cluster is needed: each file is parsed and checked for what can be
+checked here, and the sbatch script is run for real against a fake ``scontrol`` and ``srun``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+CONTAINERS = REPO / "containers"
+DOCKERFILE = CONTAINERS / "Dockerfile"
+DOCKERIGNORE = CONTAINERS / "Dockerfile.dockerignore"
+COMPOSE = CONTAINERS / "compose.yaml"
+SBATCH = CONTAINERS / "slurm" / "train.sbatch"
+PYTORCHJOB = CONTAINERS / "k8s" / "pytorchjob.yaml"
+
+BUILD_LINE = "docker build -f containers/Dockerfile -t runjob ."
+RUN_LINE = "docker run --gpus all --shm-size=8g -v $PWD/data:/workspace/data -v $PWD/runs:/workspace/runs runjob jobs/resnet_cifar.toml"
+
+
+# ---------------------------------------------------------------------------------------------
+# Dockerfile parsing
+
+
+def dockerfile_instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, comments dropped and continuation lines joined, as Docker does."""
+    logical: list[str] = []
+    current = ""
+    for raw in path.read_text().splitlines():
+        if raw.strip().startswith("#") or (not raw.strip() and not current):
+            continue
+        line = raw.rstrip()
+        if line.endswith("\\"):
+            current += line[:-1] + " "
+            continue
+        logical.append(current + line)
+        current = ""
+    if current.strip():
+        logical.append(current)
+    result = []
+    for line in logical:
+        instruction, _, arguments = line.strip().partition(" ")
+        result.append((instruction.upper(), arguments.strip()))
+    return result
+
+
+def arg_defaults(instructions) -> dict[str, str]:
+    defaults = {}
+    for instruction, arguments in instructions:
+        if instruction == "ARG" and "=" in arguments:
+            name, _, value = arguments.partition("=")
+            defaults[name.strip()] = value.strip().strip('"')
+    return defaults
+
+
+def substitute(text: str, variables: dict[str, str]) -> str:
+    def replace(match: re.Match) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in variables, f"${name} has no default in the Dockerfile"
+        return variables[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", replace, text)
+
+
+def copy_instructions(instructions) -> list[tuple[list[str], str, str]]:
+    """(sources, destination, WORKDIR at that point) of each COPY from the build context."""
+    copies, workdir = [], "/"
+    for instruction, arguments in instructions:
+        if instruction == "WORKDIR":
+            workdir = str(PurePosixPath(workdir) / arguments)
+        elif instruction in ("COPY", "ADD"):
+            words = shlex.split(arguments)
+            assert not any(w.startswith("--from") for w in words), "copy from the build context only"
+            paths = [w for w in words if not w.startswith("--")]
+            copies.append((paths[:-1], paths[-1], workdir))
+    return copies
+
+
+def shell_commands(script: str) -> list[list[str]]:
+    """The simple commands of a RUN line (split at ; && || | &, quotes respected)."""
+    lexer = shlex.shlex(script, posix=True, punctuation_chars=";&|")
+    lexer.whitespace_split = True
+    commands, current = [], []
+    for token in lexer:
+        if token in (";", "&&", "||", "|", "&"):
+            if current:
+                commands.append(current)
+            current = []
+        else:
+            current.append(token)
+    if current:
+        commands.append(current)
+    return commands
+
+
+PIP_OPTIONS_WITH_VALUE = {"-c", "--constraint", "-r", "--requirement", "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "-t", "--target"}
+
+
+def pip_installs(instructions) -> list[tuple[int, list[str], list[str]]]:
+    """(instruction index, targets, options) of every ``pip install`` in a RUN."""
+    installs = []
+    for index, (instruction, arguments) in enumerate(instructions):
+        if instruction != "RUN":
+            continue
+        for words in shell_commands(arguments):
+            if "pip" not in words or "install" not in words[words.index("pip") :]:
+                continue
+            rest = words[words.index("install", words.index("pip")) + 1 :]
+            targets, options, skip = [], [], False
+            for word in rest:
+                if skip:
+                    skip = False
+                elif word.startswith("-"):
+                    options.append(word)
+                    skip = word in PIP_OPTIONS_WITH_VALUE
+                else:
+                    targets.append(word)
+            installs.append((index, targets, options))
+    return installs
+
+
+def dockerignore_patterns() -> list[str]:
+    lines = [line.strip() for line in DOCKERIGNORE.read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def _pattern_regex(pattern: str) -> re.Pattern:
+    pattern = pattern.strip("/").removeprefix("./")
+    out, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out, i = out + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            out, i = out + ".*", i + 2
+        elif pattern[i] == "*":
+            out, i = out + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            out, i = out + "[^/]", i + 1
+        else:
+            out, i = out + re.escape(pattern[i]), i + 1
+    return re.compile(out + r"\Z")
+
+
+def is_ignored(relative: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last matching pattern wins; a pattern matching a parent folder matches too."""
+    parts = PurePosixPath(relative).parts
+    candidates = ["/".join(parts[: n + 1]) for n in range(len(parts))]
+    ignored = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        regex = _pattern_regex(pattern[1:] if negated else pattern)
+        if any(regex.match(candidate) for candidate in candidates):
+            ignored = not negated
+    return ignored
+
+
+# ---------------------------------------------------------------------------------------------
+# The image
+
+
+def test_dockerfile_starts_from_a_pytorch_cuda_runtime_image_with_torch_2_6_or_newer():
+    instructions = dockerfile_instructions()
+    (base,) = [substitute(a, arg_defaults(instructions)) for i, a in instructions if i == "FROM"]
+    match = re.fullmatch(r"pytorch/pytorch:(\d+)\.(\d+)\.(\d+)-cuda(\d+\.\d+)-cudnn(\d+)-runtime", base)
+    assert match, f"not an official PyTorch CUDA runtime image: {base}"
+    assert (int(match.group(1)), int(match.group(2))) >= (2, 6), base
+
+
+def test_dockerfile_installs_this_project_after_copying_its_sources():
+    instructions = dockerfile_instructions()
+    copies = copy_instructions(instructions)
+    copied = {PurePosixPath(source).as_posix().rstrip("/") for sources, _, _ in copies for source in sources}
+    assert {"pyproject.toml", "README.md", "core", "plugins"} <= copied  # README.md: pyproject's readme
+    installs = pip_installs(instructions)
+    project = [(index, targets, options) for index, targets, options in installs if any(t == "." or t.startswith(".[") for t in targets)]
+    assert project, "no `pip install .`"
+    with_extra = [options for _, targets, options in project if ".[digits]" in targets]
+    assert with_extra and "--no-deps" not in with_extra[0] and "--no-cache-dir" in with_extra[0], "dependencies with the digits extra"
+    # The real sources must be in place before the project's last install.
+    source_copies = [index for index, (instruction, arguments) in enumerate(instructions) if instruction == "COPY" and re.search(r"\b(core|plugins)/?\s", arguments + " ")]
+    assert max(source_copies) < max(index for index, _, _ in project)
+    # The base image's torch is kept: the dependency install is constrained to it.
+    assert any(o in ("-c", "--constraint") for o in with_extra[0])
+
+
+def test_dockerfile_runs_runjob_as_a_user_that_is_not_root_in_a_folder_with_the_jobs():
+    instructions = dockerfile_instructions()
+    defaults = arg_defaults(instructions)
+    users = [substitute(arguments, defaults) for instruction, arguments in instructions if instruction == "USER"]
+    assert users, "no USER: the container would run as root"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0") and user.strip()
+    entrypoints = [arguments for instruction, arguments in instructions if instruction == "ENTRYPOINT"]
+    assert entrypoints and yaml.safe_load(entrypoints[-1]) == ["runjob"]  # exec form (a JSON list)
+    workdir = "/"
+    for instruction, arguments in instructions:
+        if instruction == "WORKDIR":
+            workdir = str(PurePosixPath(workdir) / arguments)
+    jobs_targets = [str(PurePosixPath(wd) / dest) for sources, dest, wd in copy_instructions(instructions) if [s.rstrip("/") for s in sources] == ["jobs"]]
+    assert jobs_targets and PurePosixPath(jobs_targets[-1]) == PurePosixPath(workdir) / "jobs", (jobs_targets, workdir)
+    env = " ".join(arguments for instruction, arguments in instructions if instruction == "ENV")
+    assert re.search(r"\bHF_HOME=" + re.escape(workdir), env)
+    tracking = re.search(r"\bMLFLOW_TRACKING_URI=(\S+)", env)
+    if tracking:  # a sqlite store must live in a folder the run line mounts
+        assert tracking.group(1).startswith(f"sqlite:///{workdir}/runs/"), tracking.group(1)
+
+
+def test_dockerfile_copies_only_paths_that_exist_and_that_the_dockerignore_keeps():
+    patterns = dockerignore_patterns()
+    for sources, _, _ in copy_instructions(dockerfile_instructions()):
+        for source in sources:
+            path = REPO / source
+            assert path.exists(), f"COPY {source}: not in the repository"
+            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+            assert files, f"COPY {source}: empty"
+            for file in files:
+                relative = file.relative_to(REPO).as_posix()
+                assert not is_ignored(relative, patterns), f"{relative} is copied but excluded by {DOCKERIGNORE.name}"
+    for local_state in (".venv/bin/python", ".git/HEAD", "data/cifar10/x", "runs/job/x", "mlflow.db", "core/__pycache__/cli.cpython-311.pyc"):
+        assert is_ignored(local_state, patterns), f"{local_state} would be sent to the builder"
+
+
+def test_dockerignore_matcher_follows_docker_rules():
+    assert is_ignored("data/x.png", ["data"]) and not is_ignored("core/data_loading.py", ["data"])
+    assert is_ignored("core/__pycache__/a.pyc", ["**/__pycache__"])
+    assert not is_ignored("core/cli.py", ["core", "!core/cli.py"])
+
+
+def test_the_copied_files_build_the_project(tmp_path):
+    """What the Dockerfile copies is enough for pip to build runjob with its plugins and command."""
+    context = tmp_path / "context"
+    patterns = dockerignore_patterns()
+    for sources, _, _ in copy_instructions(dockerfile_instructions()):
+        for source in sources:
+            path = REPO / source
+            for file in [path] if path.is_file() else path.rglob("*"):
+                relative = file.relative_to(REPO).as_posix()
+                if file.is_file() and not is_ignored(relative, patterns):
+                    (context / relative).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy(file, context / relative)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(tmp_path / "dist"), str(context)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "runjob/cli.py" in names and "runjob/plugins/torchvision_models.py" in names
+    (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
+    assert "runjob = runjob.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_build_and_run_lines_are_documented_and_match_the_image():
+    for document in (DOCKERFILE, CONTAINERS / "README.md"):
+        text = document.read_text()
+        assert BUILD_LINE in text and RUN_LINE in text, document
+    instructions = dockerfile_instructions()
+    workdir = [a for i, a in instructions if i == "WORKDIR"][-1]
+    mounts = dict(reversed(m.split(":", 1)) for m in re.findall(r"-v (\S+)", RUN_LINE))
+    assert {f"{workdir}/data", f"{workdir}/runs"} <= set(mounts)
+    assert (REPO / RUN_LINE.split()[-1]).is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# compose.yaml
+
+
+def command_options(command) -> dict[str, str]:
+    """``--name value`` and ``--name=value`` options of a command given as a list or a string."""
+    words = shlex.split(command) if isinstance(command, str) else [str(w) for w in command]
+    options = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            name, equals, value = word.partition("=")
+            if not equals and i + 1 < len(words) and not words[i + 1].startswith("--"):
+                value = words[i + 1]
+            options[name] = value
+    return options
+
+
+def mount_targets(service: dict) -> dict[str, str]:
+    targets = {}
+    for volume in service.get("volumes", []):
+        if isinstance(volume, str):
+            source, target = volume.split(":")[:2]
+        else:
+            source, target = volume.get("source", ""), volume["target"]
+        targets[target] = source
+    return targets
+
+
+def inside(path: str, folders) -> bool:
+    return any(PurePosixPath(path).is_relative_to(folder) for folder in folders)
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_trainer_reaches_the_mlflow_service_on_the_port_it_listens_on(compose):
+    services = compose["services"]
+    assert {"mlflow", "trainer"} <= set(services)
+    environment = services["trainer"]["environment"]
+    if isinstance(environment, list):
+        environment = dict(item.split("=", 1) for item in environment)
+    uri = urlparse(environment["MLFLOW_TRACKING_URI"])
+    assert uri.scheme == "http" and uri.hostname in services, uri
+    options = command_options(services["mlflow"]["command"])
+    assert options["--host"] == "0.0.0.0", "listening on localhost only, other containers cannot connect"
+    assert uri.port == int(options["--port"])
+    # MLflow 3 answers 403 to Host headers that are not localhost or a private IP unless allowed.
+    allowed = options.get("--allowed-hosts", "").split(",")
+    host_header = f"{uri.hostname}:{uri.port}"
+    assert "*" in allowed or any(fnmatch.fnmatch(host_header, a) if "*" in a else host_header == a for a in allowed), allowed
+    healthcheck = " ".join(services["mlflow"]["healthcheck"]["test"])
+    assert "/health" in healthcheck and f":{options['--port']}/" in healthcheck
+    assert services["trainer"]["depends_on"]["mlflow"]["condition"] == "service_healthy"
+
+
+def test_compose_mlflow_keeps_a_database_and_artifacts_on_volumes(compose):
+    mlflow = compose["services"]["mlflow"]
+    assert re.fullmatch(r"ghcr\.io/mlflow/mlflow:v3\.\d+\.\d+", mlflow["image"]), "a pinned MLflow 3 image"
+    options = command_options(mlflow["command"])
+    mounts = mount_targets(mlflow)
+    store = urlparse(options["--backend-store-uri"])
+    assert store.scheme.split("+")[0] in ("sqlite", "postgresql", "mysql", "mssql"), store
+    if store.scheme == "sqlite":  # sqlite:////abs/path; sqlite:///rel/path is relative to the working directory
+        database = options["--backend-store-uri"].removeprefix("sqlite:///")
+        assert database.startswith("/") and inside(database, mounts), f"{database} is lost with the container"
+    artifacts = options.get("--artifacts-destination") or options.get("--default-artifact-root")
+    assert artifacts and inside(urlparse(artifacts).path, mounts)
+    named = {source for source in mounts.values() if not source.startswith((".", "/"))}
+    assert named <= set(compose.get("volumes") or {})
+
+
+def test_compose_trainer_builds_the_image_and_gets_gpus_shared_memory_and_volumes(compose):
+    trainer = compose["services"]["trainer"]
+    context = (COMPOSE.parent / trainer["build"]["context"]).resolve()
+    assert context == REPO
+    assert (context / trainer["build"]["dockerfile"]).resolve() == DOCKERFILE
+    (device,) = trainer["deploy"]["resources"]["reservations"]["devices"]
+    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"] and device.get("count", device.get("device_ids"))
+    size = re.fullmatch(r"(\d+)\s*([kmg]?)b?", str(trainer["shm_size"]).lower())
+    assert size and int(size.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[size.group(2)] >= 2**30
+    mounts = mount_targets(trainer)
+    assert {"/workspace/data", "/workspace/runs"} <= set(mounts)
+    named = {source for source in mounts.values() if not source.startswith((".", "/"))}
+    assert named <= set(compose.get("volumes") or {})
+    assert trainer["command"] == ["jobs/resnet_cifar.toml"] and (REPO / trainer["command"][0]).is_file()
+
+
+# ---------------------------------------------------------------------------------------------
+# slurm/train.sbatch
+
+FAKE_SCONTROL = """#!/bin/sh
+if [ "$1 $2" = "show hostnames" ]; then printf 'node1\\nnode2\\n'; exit 0; fi
+echo "$*" >> "$FAKE_DIR/scontrol.log"
+if [ "$1" = requeue ]; then kill "$(cat "$FAKE_DIR/srun.pid")"; fi
+"""
+FAKE_SRUN = """#!/bin/sh
+echo $$ > "$FAKE_DIR/srun.pid"
+for word in "$@"; do printf '%s\\n' "$word"; done
+if [ -n "$FAKE_SRUN_SLEEP" ]; then exec sleep "$FAKE_SRUN_SLEEP"; fi
+"""
+
+
+@pytest.fixture
+def fake_slurm(tmp_path):
+    """Run the sbatch script under bash with Slurm's variables and fake scontrol/srun first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+
+    def env(**extra: str) -> dict[str, str]:
+        base = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "FAKE_DIR": str(tmp_path),
+                "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2", "SLURM_NODEID": "0",
+                "SLURM_CPUS_PER_TASK": "48", "SLURM_GPUS_ON_NODE": "8"}
+        base.update(extra)
+        return {k: v for k, v in base.items() if v is not None}
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(SBATCH), *args], cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=60)
+
+    run.env = env
+    run.dir = tmp_path
+    return run
+
+
+def parse_torchrun(words: list[str]):
+    from torch.distributed.run import parse_args
+
+    return parse_args(words)
+
+
+def launch_words(stdout: str) -> tuple[list[str], list[str]]:
+    """srun's own arguments and torchrun's, from the fake srun's output (one argument a line)."""
+    words = stdout.splitlines()
+    assert "torchrun" in words, stdout
+    split = words.index("torchrun")
+    return words[:split], words[split + 1 :]
+
+
+def test_sbatch_script_is_valid_bash_with_strict_mode_and_the_slurm_header():
+    proc = subprocess.run(["bash", "-n", str(SBATCH)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    text = SBATCH.read_text()
+    assert re.search(r"^set -euo pipefail$", text, re.M)
+    header = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?", text, re.M))
+    assert header["nodes"] == "2" and header["ntasks-per-node"] == "1" and header["gpus-per-node"] == "8"
+    assert int(header["cpus-per-task"]) >= 8 and "requeue" in header
+
+
+def test_sbatch_renders_one_torchrun_per_node_with_the_slurm_rendezvous(fake_slurm):
+    proc = fake_slurm("jobs/digits.toml", "--set", "train.epochs=1")
+    assert proc.returncode == 0, proc.stderr
+    srun, torchrun = launch_words(proc.stdout)
+    assert "--ntasks-per-node=1" in srun and "--nodes=2" in srun and "--cpus-per-task=48" in srun
+    args = parse_torchrun(torchrun)
+    assert args.nnodes == "2" and args.nproc_per_node == "8"
+    host, port = args.rdzv_endpoint.split(":")
+    assert host == "node1" and 1024 < int(port) < 32768
+    assert args.rdzv_backend == "c10d" and args.rdzv_id == "4242"
+    assert args.module and args.training_script == "runjob"
+    assert args.training_script_args == ["jobs/digits.toml", "--set", "train.epochs=1"]
+
+
+def test_sbatch_defaults_to_the_headline_job_and_honours_port_and_gpu_settings(fake_slurm):
+    proc = fake_slurm(MASTER_PORT="29999", SLURM_GPUS_ON_NODE="4")
+    assert proc.returncode == 0, proc.stderr
+    args = parse_torchrun(launch_words(proc.stdout)[1])
+    assert args.rdzv_endpoint == "node1:29999" and args.nproc_per_node == "4"
+    assert args.training_script_args == ["jobs/resnet_cifar.toml"]
+
+
+def test_sbatch_dry_run_prints_the_same_command_and_starts_nothing(fake_slurm):
+    dry = fake_slurm("jobs/digits.toml", RUNJOB_DRY_RUN="1")
+    assert dry.returncode == 0, dry.stderr
+    assert not (fake_slurm.dir / "srun.pid").exists(), "srun was started"
+    real = fake_slurm("jobs/digits.toml")
+    assert real.returncode == 0, real.stderr
+    words = shlex.split(dry.stdout)
+    assert words[0] == "srun" and words[1:] == real.stdout.splitlines()
+
+
+def test_sbatch_refuses_to_start_outside_slurm_or_without_the_job_file(fake_slurm):
+    outside = fake_slurm(SLURM_JOB_ID=None)
+    assert outside.returncode != 0 and "SLURM_JOB_ID" in outside.stderr
+    missing = fake_slurm("jobs/no_such_job.toml")
+    assert missing.returncode == 2 and "no_such_job.toml" in missing.stderr
+    assert not (fake_slurm.dir / "srun.pid").exists(), "srun was started"
+
+
+@pytest.mark.parametrize("requeue", ["1", "0"])
+def test_sbatch_time_limit_signal_requeues_only_when_asked(fake_slurm, requeue):
+    process = subprocess.Popen(["bash", str(SBATCH)], cwd=REPO, env=fake_slurm.env(RUNJOB_REQUEUE=requeue, FAKE_SRUN_SLEEP="30"),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pid_file = fake_slurm.dir / "srun.pid"
+        deadline = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), "srun never started"
+        time.sleep(0.2)
+        process.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@120 sends before the time limit
+        if requeue == "0":
+            time.sleep(0.5)
+            assert process.poll() is None, "the script must go on waiting for srun"
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    log = fake_slurm.dir / "scontrol.log"
+    if requeue == "1":
+        assert log.read_text().split() == ["requeue", "4242"] and process.returncode == 0, stderr
+    else:
+        assert not log.exists() and process.returncode == 128 + signal.SIGTERM, stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# k8s/pytorchjob.yaml
+
+
+@pytest.fixture(scope="module")
+def pytorchjob():
+    return yaml.safe_load(PYTORCHJOB.read_text())
+
+
+def pytorch_container(replica: dict) -> dict:
+    containers = [c for c in replica["template"]["spec"]["containers"] if c["name"] == "pytorch"]
+    assert len(containers) == 1, "the operator configures the container named pytorch"
+    return containers[0]
+
+
+def test_pytorchjob_has_a_master_and_workers_with_the_same_image(pytorchjob):
+    assert pytorchjob["apiVersion"] == "kubeflow.org/v1" and pytorchjob["kind"] == "PyTorchJob"
+    replicas = pytorchjob["spec"]["pytorchReplicaSpecs"]
+    assert set(replicas) == {"Master", "Worker"}
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] >= 1
+    images = {pytorch_container(spec)["image"] for spec in replicas.values()}
+    assert len(images) == 1
+    (image,) = images
+    assert image.strip() and image.rsplit("/", 1)[-1].split(":")[0] == BUILD_LINE.split("-t ")[1].split()[0]
+    assert image in (CONTAINERS / "README.md").read_text()
+    for spec in replicas.values():
+        assert spec["restartPolicy"] == "OnFailure"
+        uid = spec["template"]["spec"].get("securityContext", {}).get("runAsUser")
+        assert uid is None or str(uid) == arg_defaults(dockerfile_instructions())["RUNJOB_UID"]
+
+
+def test_pytorchjob_pods_get_gpus_shared_memory_and_the_tracking_server(pytorchjob):
+    nproc = int(pytorchjob["spec"]["nprocPerNode"])
+    for name, spec in pytorchjob["spec"]["pytorchReplicaSpecs"].items():
+        pod = spec["template"]["spec"]
+        container = pytorch_container(spec)
+        assert int(container["resources"]["limits"]["nvidia.com/gpu"]) == nproc, name
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        assert set(mounts.values()) <= set(volumes)
+        assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory", name
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert urlparse(env["MLFLOW_TRACKING_URI"]).scheme in ("http", "https")
+
+
+def test_pytorchjob_command_is_torchrun_of_runjob_with_the_operator_environment(pytorchjob):
+    spec = pytorchjob["spec"]
+    replicas = spec["pytorchReplicaSpecs"]
+    total = sum(r["replicas"] for r in replicas.values())
+    for rank, (_, replica) in enumerate(sorted(replicas.items())):  # Master is node 0, Worker i is node i + 1
+        container = pytorch_container(replica)
+        (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "pytorchjob-port"]
+        operator_env = {"PET_NNODES": str(total), "PET_NPROC_PER_NODE": spec["nprocPerNode"], "PET_NODE_RANK": str(rank),
+                        "MASTER_ADDR": f"{pytorchjob['metadata']['name']}-master-0", "MASTER_PORT": str(port)}
+        operator_env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+        words = [*container.get("command", []), *container.get("args", [])]
+        expanded = [re.sub(r"\$\((\w+)\)", lambda m, env=operator_env: env[m.group(1)], str(w)) for w in words]
+        assert expanded[0] == "torchrun", expanded
+        args = parse_torchrun(expanded[1:])
+        assert int(args.nnodes) == total and args.nproc_per_node == spec["nprocPerNode"]
+        assert args.master_addr == operator_env["MASTER_ADDR"] and args.master_port == port and args.node_rank == rank
+        assert args.module and args.training_script == "runjob"
+        assert (REPO / args.training_script_args[0]).is_file(), args.training_script_args
