@@ -97,7 +97,8 @@ def launch_workers(launch: Any, job_path: Path, overrides: list[str], output_dir
 
 
 def close_failed_run(output_dir: Path, reason: str) -> None:
-    """Mark the job's MLflow run FAILED if its workers could not (a worker was killed)."""
+    """Record which worker failed on the job's MLflow run, and mark it FAILED if rank 0 could not
+    (it was killed too). A run rank 0 finished completely stays FINISHED."""
     record = output_dir / RUN_RECORD
     if not record.exists():
         return
@@ -105,7 +106,7 @@ def close_failed_run(output_dir: Path, reason: str) -> None:
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=info["tracking_uri"])
-    run = client.get_run(info["run_id"])
-    if run.info.status in ("RUNNING", "KILLED"):
+    client.set_tag(info["run_id"], "runjob.worker_failure", reason)
+    if client.get_run(info["run_id"]).info.status in ("RUNNING", "KILLED"):
         client.set_tag(info["run_id"], "runjob.error", reason)
         client.set_terminated(info["run_id"], status="FAILED")

@@ -113,6 +113,8 @@ def _stop_cleanly_on_sigterm() -> None:
         return
 
     def stop(signum: int, frame: Any) -> None:
+        # once is enough: a second SIGTERM must not cut the clean-up that records the outcome
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise Terminated(signum)
 
     signal.signal(signal.SIGTERM, stop)

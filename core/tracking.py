@@ -102,11 +102,14 @@ class Recorder:
             return
         import mlflow
 
-        if error is not None:
-            lines = user_message(error).strip().splitlines()
-            mlflow.set_tag("runjob.error", f"{type(error).__name__}: {lines[0] if lines else ''}"[:5000])
-        mlflow.flush_async_logging()
-        mlflow.end_run(status=status)
+        try:
+            if error is not None:
+                lines = user_message(error).strip().splitlines()
+                mlflow.set_tag("runjob.error", f"{type(error).__name__}: {lines[0] if lines else ''}"[:5000])
+            mlflow.flush_async_logging()
+        finally:
+            # always close with the real status: MLflow's own exit handler would say FINISHED
+            mlflow.end_run(status=status)
 
 
 def _first_line(error: BaseException) -> str:

@@ -175,6 +175,10 @@ class TrainingLoop:
             "lr": float(self.run.optimizer.param_groups[0]["lr"]),
             "train/samples_per_s": samples * accelerator.num_processes / elapsed,
         }
+        if accelerator.device.type == "cuda":
+            import torch
+
+            metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(accelerator.device) / 2**30
         self.record(metrics, self.step)
         if accelerator.is_main_process:
             self.hooks.runjob_after_log(run=self.run, step=self.step, metrics=metrics)

@@ -140,8 +140,31 @@ def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
     return DatasetSplits(train=train, val=val, num_classes=len(train.classes), classes=list(train.classes))
 
 
+class SyntheticOptions(Options):
+    num_train: int = Field(50_000, ge=1)
+    num_val: int = Field(10_000, ge=1)
+    image_size: int = Field(32, ge=1)
+    num_classes: int = Field(10, ge=2)
+    seed: int = Field(0, ge=0)
+
+
+def build_synthetic(options: SyntheticOptions) -> DatasetSplits:
+    """Random images and labels of CIFAR's shape by default: for throughput checks, not learning."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    generator = torch.Generator().manual_seed(options.seed)
+    size = (3, options.image_size, options.image_size)
+
+    def split(count: int) -> TensorDataset:
+        return TensorDataset(torch.randn(count, *size, generator=generator), torch.randint(0, options.num_classes, (count,), generator=generator))
+
+    return DatasetSplits(train=split(options.num_train), val=split(options.num_val), num_classes=options.num_classes)
+
+
 @hookimpl
 def runjob_register_datasets(register):
-    """Register cifar10 and imagefolder."""
+    """Register cifar10, imagefolder and synthetic."""
     register("cifar10", build_cifar10, options=CIFAR10Options, description="CIFAR-10 through torchvision (download, md5 check, standard augmentation)")
     register("imagefolder", build_imagefolder, options=ImageFolderOptions, description="torchvision ImageFolder over root/train and root/val")
+    register("synthetic", build_synthetic, options=SyntheticOptions, description="random CIFAR-shaped images, for throughput and GPU checks")

@@ -72,3 +72,25 @@ def test_no_command_shows_help(runjob_cli):
     result = runjob_cli()
     assert result.returncode == 2
     assert "runjob JOB.toml" in result.stdout
+
+
+def test_doctor_command_reports_and_exits_by_severity(runjob_cli, tmp_path):
+    import json
+
+    write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n')
+    fine = runjob_cli("doctor", "job.toml", "--json")
+    assert fine.returncode == 0, fine.stdout + fine.stderr
+    report = json.loads(fine.stdout)
+    assert report["ok"] is True and {"torch", "plugins", "tracking"} <= {c["name"] for c in report["checks"]}
+    blocked = runjob_cli("doctor", "job.toml", "--set", "train.mixed_precision=fp16", "--set", "tracking.uri=http://127.0.0.1:9")
+    assert blocked.returncode == 1
+    assert "[FAIL] tracking" in blocked.stdout and "http://127.0.0.1:9" in blocked.stdout
+    assert "[FAIL] mixed precision" in blocked.stdout
+
+
+def test_validate_prints_the_plan_on_stderr(runjob_cli, tmp_path):
+    write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n[train]\nbatch_size = 16\n')
+    result = runjob_cli("validate", "job.toml", "--num-processes", "4", "--set", "train.gradient_accumulation_steps=2")
+    assert result.returncode == 0
+    assert "runjob: plan: batch: 16 per process x 4 = 64 global; gradient accumulation 2 -> 128 samples per optimizer step" in result.stderr
+    assert "[launch]\nnum_processes = 4" in result.stdout

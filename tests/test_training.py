@@ -272,3 +272,19 @@ def test_same_job_and_seed_give_the_same_weights(runjob_cli, tmp_path):
     weights = {out: (tmp_path / out / "model.safetensors").read_bytes() for out in "abc"}
     assert weights["a"] == weights["b"]
     assert weights["a"] != weights["c"]
+
+
+def test_fsdp_on_a_cpu_stops_instead_of_training_ddp(runjob_cli, tmp_path):
+    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="fsdp"))
+    result = runjob_cli("job.toml", "--set", "strategy.name=fsdp")
+    assert result.returncode == 2
+    assert "strategy.name = 'fsdp' needs FSDP (FSDP needs CUDA GPUs), but Accelerate set up NO" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()  # stopped before the output folder or an MLflow run
+
+
+def test_deepspeed_without_its_extra_says_how_to_install(runjob_cli, tmp_path):
+    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="ds"))
+    result = runjob_cli("job.toml", "--set", "strategy.name=deepspeed", "--set", "strategy.zero_stage=3")
+    assert result.returncode == 2
+    assert "pip install 'runjob-train[deepspeed]'" in result.stderr

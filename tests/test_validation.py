@@ -165,3 +165,36 @@ def test_cifar10_without_download_needs_a_copy(tmp_path, host):
     """)
     (found,) = problems(job, host)
     assert f"dataset.root: folder not found: {tmp_path / 'cifar' / 'cifar-10-batches-py'}" in found
+
+
+def test_seed_fsdp_setup_is_expressible(contract, host):
+    """FULL_SHARD, use_orig_params and fp16, as in the seed article's FSDP snippet."""
+    overrides = ["strategy.name=fsdp", "strategy.fsdp_version=1", "strategy.sharding_strategy=FULL_SHARD", "strategy.use_orig_params=true", "train.mixed_precision=fp16"]
+    job = load_resolved(contract, overrides, host)
+    assert job.strategy.options.sharding_strategy == "FULL_SHARD" and job.strategy.options.use_orig_params is True
+    assert job.train.mixed_precision == "fp16"
+
+
+def test_fsdp1_options_are_refused_with_fsdp2(contract, host):
+    (found,) = problems(contract, host, ["strategy.name=fsdp", "strategy.use_orig_params=true"])
+    assert "use_orig_params: FSDP1 only; set fsdp_version = 1" in found
+
+
+def test_launch_table_is_checked(contract, host):
+    found = problems(contract, host, ["launch.num_processes=3", "launch.num_machines=2"])
+    assert any("num_processes (3) must be a multiple of num_machines (2)" in p for p in found)
+    found = problems(contract, host, ["launch.num_processes=4", "launch.num_machines=2"])
+    assert any("several machines need main_process_ip and main_process_port" in p for p in found)
+
+
+def test_plan_shows_batches_precision_strategy_and_warnings(contract, host):
+    from runjob.plan import plan_lines
+
+    job = load_resolved(contract, ["launch.num_processes=4", "train.gradient_accumulation_steps=2", "train.mixed_precision=fp16", "strategy.name=fsdp"], host)
+    text = "\n".join(plan_lines(job, has_gpu=False))
+    assert "processes: 4 on 1 machine(s), 4 per machine" in text
+    assert "batch: 32 per process x 4 = 128 global; gradient accumulation 2 -> 256 samples per optimizer step" in text
+    assert "precision: fp16" in text and "strategy: fsdp (fsdp_version=2" in text
+    assert "warning: mixed_precision = 'fp16' needs a CUDA GPU" in text
+    assert "warning: strategy 'fsdp' needs CUDA GPUs" in text
+    assert "warning" not in "\n".join(plan_lines(job, has_gpu=True))
