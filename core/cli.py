@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="train the job (the default command)", description="Train the job and record it to MLflow.")
     _add_job_arguments(run)
     run.add_argument("--output-dir", type=Path, help="where job.toml, metrics.jsonl and model.safetensors go (default: runs/<job name>/<time>)")
+    run.add_argument(
+        "--resume", nargs="?", const=True, type=Path, metavar="CHECKPOINT",
+        help="continue the run in --output-dir from its newest complete checkpoint (or from CHECKPOINT)",
+    )
     _add_launch_arguments(run)
 
     validate = commands.add_parser("validate", help="check a job without running it and print it resolved", description="Check the job completely and print it, defaults filled in, as TOML. Exit 0 if it can run, 2 if not.")
@@ -146,10 +150,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if is_worker():
         check_launched_as_asked(launch)
     elif launch.num_processes > 1 or launch.num_machines > 1:
-        return launch_workers(launch, args.job, overrides, choose_output_dir(job.job.name, args.output_dir))
+        output_dir = args.output_dir if args.resume else choose_output_dir(job.job.name, args.output_dir)
+        return launch_workers(launch, args.job, overrides, output_dir, resume=args.resume)
     from runjob.runner import run_job
 
-    return run_job(job, host, output_dir=args.output_dir)
+    return run_job(job, host, output_dir=args.output_dir, resume=args.resume)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,7 @@ def check_launched_as_asked(launch: Any) -> None:
         raise RunjobError(f"launch.num_processes = {launch.num_processes}, but the launcher started {started} processes (WORLD_SIZE)")
 
 
-def torchrun_arguments(launch: Any, job_path: Path, overrides: list[str], output_dir: Path) -> list[str]:
+def torchrun_arguments(launch: Any, job_path: Path, overrides: list[str], output_dir: Path | None, resume: Path | bool | None = None) -> list[str]:
     """The ``torch.distributed.run`` command line that starts this machine's workers."""
     arguments = ["--nnodes", str(launch.num_machines), "--nproc-per-node", str(launch.processes_per_machine), "--max-restarts", "0"]
     if launch.num_machines == 1 and launch.main_process_port is None:
@@ -69,21 +69,33 @@ def torchrun_arguments(launch: Any, job_path: Path, overrides: list[str], output
             "--master-addr", launch.main_process_ip or "127.0.0.1",
             "--master-port", str(launch.main_process_port or 29500),
         ]
-    worker = ["-m", "runjob", "run", str(job_path), "--output-dir", str(output_dir)]
+    worker = ["-m", "runjob", "run", str(job_path)]
+    if output_dir is not None:
+        worker += ["--output-dir", str(output_dir)]
+    if resume:
+        worker += ["--resume"] + ([str(resume)] if isinstance(resume, Path) else [])
     for override in overrides:
         worker += ["--set", override]
     return arguments + worker
 
 
-def launch_workers(launch: Any, job_path: Path, overrides: list[str], output_dir: Path) -> int:
-    """Start the workers and wait; returns 0, or the exit code of the first worker that failed."""
+def launch_workers(launch: Any, job_path: Path, overrides: list[str], output_dir: Path | None, resume: Path | bool | None = None) -> int:
+    """Start the workers and wait; returns 0, or the exit code of the first worker that failed.
+
+    A stop signal sent to this process (SIGTERM from a scheduler) reaches the workers through
+    torchrun, which gives them time to write a checkpoint; the exit code is then 128 + signal.
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    arguments = torchrun_arguments(launch, job_path, overrides, output_dir)
+    arguments = torchrun_arguments(launch, job_path, overrides, output_dir, resume)
     print(f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of {launch.num_machines} (torch.distributed.run)", file=sys.stderr)
     try:
         run(parse_args(arguments))
+    except SignalException as stopped:
+        print(f"runjob: stopped by {stopped.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr)
+        return 128 + int(stopped.sigval)
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()
         code = failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
@@ -91,7 +103,8 @@ def launch_workers(launch: Any, job_path: Path, overrides: list[str], output_dir
         if failure.exitcode < 0:
             reason += f" ({signal.Signals(-failure.exitcode).name})"
         print(f"runjob: {reason}; the job was stopped", file=sys.stderr)
-        close_failed_run(output_dir, reason)
+        if output_dir is not None:
+            close_failed_run(output_dir, reason)
         return code or 1
     return 0
 

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import signal
 import socket
-import threading
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import Terminated
 from runjob.accelerator_setup import actual_setup, build_accelerator, check_setup
+from runjob.checkpoints import Position, compare_jobs, find_checkpoint, load_checkpoint, read_state, save_checkpoint
+from runjob.errors import RunjobError, Terminated
 from runjob.outputs import choose_output_dir
 from runjob.plugin_host import PluginHost
 from runjob.run_context import RunContext
 from runjob.tracking import Recorder, default_experiment, flatten
-from runjob.training import TrainingLoop, plan_schedule
+from runjob.training import StopRequest, TrainingLoop, plan_schedule
 from runjob.validation import ResolvedJob
 
 
@@ -58,39 +59,60 @@ def _build(job: ResolvedJob, accelerator: Any):
     return splits, model, optimizer, scheduler, train_loader, val_loader, schedule
 
 
-def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None) -> int:
-    """Train ``job``; returns the exit code. User mistakes raise RunjobError (exit 2)."""
+def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, resume: Path | bool | None = None) -> int:
+    """Train ``job`` (continuing from a checkpoint when ``resume`` is set); returns the exit code.
+
+    User mistakes raise RunjobError (exit 2); a stop signal ends with Terminated after a checkpoint.
+    """
     from accelerate.utils import set_seed
 
     plan = job.strategy.component.factory(job.strategy.options)
     accelerator = build_accelerator(job, plan)
     check_setup(accelerator, job, plan)
-    output_dir = _same_on_all_processes(accelerator, choose_output_dir(job.job.name, output_dir))
-    if accelerator.is_main_process:
+    checkpoint, saved = None, {}
+    if resume:
+        output_dir, checkpoint, saved, changes = _resume_point(job, output_dir, resume)
+    else:
+        output_dir = choose_output_dir(job.job.name, output_dir)
+    output_dir = _same_on_all_processes(accelerator, output_dir)
+    if accelerator.is_main_process and checkpoint is None:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "job.toml").write_text(job.to_toml(), encoding="utf-8")
     set_seed(job.job.seed)
+    stop = StopRequest()
+    _listen_for_stop(stop, job.train.stop_signal)
 
     recorder = Recorder(output_dir, active=accelerator.is_main_process)
+    tags = _tags(job, host, accelerator, output_dir)
+    if checkpoint is not None:
+        tags[f"runjob.resumed.step_{saved['step']}"] = "; ".join(changes) or "no changes"
     run_id = recorder.start(
         tracking=job.tracking,
         experiment=default_experiment(job.tracking, job.job.name),
         run_name=job.tracking.run_name or job.job.name,
         params=flatten(job.to_dict()),
-        tags=_tags(job, host, accelerator, output_dir),
+        tags=tags,
+        resume_run_id=saved.get("mlflow_run_id"),
     )
-    recorder.log_artifact(output_dir / "job.toml")
+    if checkpoint is None:
+        recorder.log_artifact(output_dir / "job.toml")
     if accelerator.is_main_process:
-        print(f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}" + (f", MLflow run {run_id}" if run_id else ""))
+        resumed = f", resuming {checkpoint.name}" if checkpoint is not None else ""
+        print(f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}" + (f", MLflow run {run_id}" if run_id else "") + resumed)
 
     run: RunContext | None = None
     status, error = "FINISHED", None
-    _stop_cleanly_on_sigterm()
     try:
         splits, model, optimizer, scheduler, train_loader, val_loader, schedule = _build(job, accelerator)
         run = RunContext(job, accelerator, model, optimizer, scheduler, train_loader, val_loader, output_dir, run_id)
+        start = load_checkpoint(run, checkpoint) if checkpoint is not None else Position()
+        record = {"mlflow_run_id": run_id or saved.get("mlflow_run_id"), "job": job.to_dict()}
+
+        def save(position: Position) -> None:
+            save_checkpoint(run, position, job.train.keep_checkpoints, record)
+
         host.hook.runjob_run_start(run=run)
-        TrainingLoop(run, host.hook, recorder.log_metrics, schedule, splits.num_classes).fit()
+        TrainingLoop(run, host.hook, recorder.log_metrics, schedule, splits.num_classes, start, save, stop).fit()
         accelerator.wait_for_everyone()
         accelerator.save_model(model, output_dir, safe_serialization=True)
         if accelerator.is_main_process:
@@ -106,18 +128,34 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None) 
     return 0
 
 
-def _stop_cleanly_on_sigterm() -> None:
-    """SIGTERM (a launcher stopping its workers, a scheduler's preemption) ends the run KILLED
-    through the normal clean-up instead of killing the process mid-record."""
+def _resume_point(job: ResolvedJob, output_dir: Path | None, resume: Path | bool) -> tuple[Path, Path, dict[str, Any], list[str]]:
+    """The output folder, checkpoint and saved state to continue from; refuses another job's."""
+    explicit = resume if isinstance(resume, Path) else None
+    if output_dir is None:
+        if explicit is None:
+            raise RunjobError("--resume needs --output-dir DIR (the folder of the run to continue) or a checkpoint path")
+        output_dir = explicit.parent.parent
+    checkpoint = find_checkpoint(output_dir, explicit)
+    saved = read_state(checkpoint)
+    refused, allowed = compare_jobs(saved.get("job", {}), job.to_dict())
+    if refused:
+        raise RunjobError(f"--resume {checkpoint}: made by a different job; these values differ: {'; '.join(refused)}")
+    return output_dir, checkpoint, saved, allowed
+
+
+def _listen_for_stop(stop: StopRequest, extra_signal: str | None) -> None:
+    """SIGTERM, SIGINT and ``train.stop_signal`` ask the loop to stop after a checkpoint; a second
+    SIGINT (Ctrl-C again) stops at once."""
     if threading.current_thread() is not threading.main_thread():
         return
 
-    def stop(signum: int, frame: Any) -> None:
-        # once is enough: a second SIGTERM must not cut the clean-up that records the outcome
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise Terminated(signum)
+    def ask(signum: int, frame: Any) -> None:
+        if stop.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        stop.signum = stop.signum or signum
 
-    signal.signal(signal.SIGTERM, stop)
+    for name in ("SIGTERM", "SIGINT", *([extra_signal] if extra_signal else [])):
+        signal.signal(getattr(signal, name), ask)
 
 
 def _same_on_all_processes(accelerator: Any, output_dir: Path) -> Path:

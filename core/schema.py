@@ -40,6 +40,11 @@ class TrainTable(Options):
     log_every: int = Field(10, ge=1)
     drop_last: bool = True
     cpu: bool = False
+    checkpoint_every: int | None = Field(None, ge=1)
+    """Optimizer steps between checkpoints; one is written at every epoch end regardless."""
+    keep_checkpoints: int = Field(2, ge=1)
+    stop_signal: Literal["SIGUSR1", "SIGUSR2"] | None = None
+    """A signal that, like SIGTERM and SIGINT, stops training after a checkpoint (e.g. Slurm's --signal)."""
 
     @model_validator(mode="before")
     @classmethod

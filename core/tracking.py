@@ -44,8 +44,11 @@ class Recorder:
         self.run_id: str | None = None
         self._metrics_file = None
 
-    def start(self, *, tracking: Any, experiment: str, run_name: str, params: dict[str, str], tags: dict[str, str]) -> str | None:
-        """Create the MLflow run with its params and tags; returns the run id (main process)."""
+    def start(
+        self, *, tracking: Any, experiment: str, run_name: str, params: dict[str, str], tags: dict[str, str], resume_run_id: str | None = None
+    ) -> str | None:
+        """Create the MLflow run with its params and tags (or reopen ``resume_run_id``, adding the
+        tags); returns the run id (main process)."""
         if not self.active:
             return None
         import mlflow
@@ -54,13 +57,19 @@ class Recorder:
         uri = tracking.uri or mlflow.get_tracking_uri()
         try:
             mlflow.set_tracking_uri(uri)
-            mlflow.set_experiment(experiment)
-            run = mlflow.start_run(run_name=run_name, tags=tags)
+            if resume_run_id:
+                run = mlflow.start_run(run_id=resume_run_id)
+                mlflow.set_tags(tags)
+            else:
+                mlflow.set_experiment(experiment)
+                run = mlflow.start_run(run_name=run_name, tags=tags)
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
             raise TrackingError(f"cannot record the run to MLflow at {uri} (tracking.uri): {type(error).__name__}: {_first_line(error)}") from None
         self.run_id = run.info.run_id
         record = {"run_id": self.run_id, "tracking_uri": mlflow.get_tracking_uri(), "experiment": experiment}
         (self.output_dir / RUN_RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
+        if resume_run_id:
+            return self.run_id  # params were logged when the run began; changes are in the tags
         try:
             mlflow.log_params(params)
         except Exception as error:  # noqa: BLE001

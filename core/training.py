@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runjob.errors import TrainingError
+from runjob.checkpoints import Position
+from runjob.errors import Terminated, TrainingError
 from runjob.run_context import RunContext
 
 
@@ -81,35 +82,77 @@ def evaluate(run: RunContext) -> dict[str, float]:
     return {"val/loss": (loss_sum / count).item(), "val/accuracy": (correct.double() / count).item()}
 
 
-class TrainingLoop:
-    """Runs the schedule, logging through ``record(metrics, step)`` and calling the event hooks."""
+class StopRequest:
+    """Set from a signal handler (SIGTERM, SIGINT, a configured signal); the loop stops at the next
+    point where every process can agree, after writing a checkpoint."""
 
-    def __init__(self, run: RunContext, hooks: Any, record: Any, schedule: Schedule, num_classes: int) -> None:
+    def __init__(self) -> None:
+        self.signum = 0
+
+    def agreed(self, accelerator: Any) -> int:
+        """The signal to stop for, agreed by all processes (a collective when there are several)."""
+        if accelerator.num_processes == 1:
+            return self.signum
+        import torch
+
+        flag = torch.tensor([self.signum], device=accelerator.device)
+        return int(accelerator.reduce(flag, reduction="max").item())
+
+
+class TrainingLoop:
+    """Runs the schedule from ``start``, logging through ``record(metrics, step)``, calling the
+    event hooks, writing checkpoints through ``checkpoint(position)`` and honouring ``stop``."""
+
+    def __init__(
+        self, run: RunContext, hooks: Any, record: Any, schedule: Schedule, num_classes: int,
+        start: Position | None = None, checkpoint: Any = None, stop: StopRequest | None = None,
+    ) -> None:
         self.run = run
         self.hooks = hooks
         self.record = record
         self.schedule = schedule
         self.num_classes = num_classes
-        self.step = 0
+        self.start = start or Position()
+        self.step = self.start.step
+        self.checkpoint = checkpoint or (lambda position: None)
+        self.stop = stop or StopRequest()
         self.last_metrics: dict[str, float] = {}
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""
         job = self.run.job
-        for epoch in range(self.schedule.epochs):
+        for epoch in range(self.start.epoch, self.schedule.epochs):
+            if job.train.max_steps is not None and self.step >= job.train.max_steps:
+                break
             started = time.perf_counter()
-            train_metrics = self._train_epoch(epoch)
+            skip = self.start.batches_done if epoch == self.start.epoch else 0
+            train_metrics = self._train_epoch(epoch, skip)
             val_metrics = evaluate(self.run)
             self.record(val_metrics, self.step)
             self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=val_metrics)
             self.last_metrics.update(train_metrics)
             self.last_metrics.update(val_metrics)
             self._summary(epoch, time.perf_counter() - started)
-            if job.train.max_steps is not None and self.step >= job.train.max_steps:
-                break
+            finished_epoch = Position(self.step, epoch + 1, 0)
+            self._stop_if_asked(finished_epoch)
+            self.checkpoint(finished_epoch)
         return self.last_metrics
 
-    def _train_epoch(self, epoch: int) -> dict[str, float]:
+    def _stop_if_asked(self, position: Position) -> None:
+        signum = self.stop.agreed(self.run.accelerator)
+        if signum:
+            self.checkpoint(position)
+            raise Terminated(signum)
+
+    def _batches(self, epoch: int, skip: int) -> Any:
+        loader = self.run.train_loader
+        loader.set_epoch(epoch)  # the sampler's order depends on the seed and the epoch alone
+        if skip:
+            loader = self.run.accelerator.skip_first_batches(loader, skip)
+            loader.set_epoch(epoch)
+        return loader
+
+    def _train_epoch(self, epoch: int, skip: int) -> dict[str, float]:
         import torch
         import torch.nn.functional as F
         from tqdm.auto import tqdm
@@ -117,21 +160,22 @@ class TrainingLoop:
         run, job = self.run, self.run.job
         accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, run.scheduler
         train = job.train
-        run.train_loader.set_epoch(epoch)
+        batches = self._batches(epoch, skip)
         model.train()
         progress = tqdm(
-            total=len(run.train_loader), desc=f"epoch {epoch + 1}/{self.schedule.epochs}", unit="batch",
+            total=len(run.train_loader), initial=skip, desc=f"epoch {epoch + 1}/{self.schedule.epochs}", unit="batch",
             disable=not accelerator.is_main_process, leave=False, dynamic_ncols=True,
             mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
         )
         loss_sum = torch.zeros((), device=accelerator.device)
         micro_batches = samples = 0
+        batches_done = skip
         window_start = time.perf_counter()
         metrics: dict[str, float] = {}
         try:
-            for inputs, targets in run.train_loader:
+            for inputs, targets in batches:
                 with accelerator.accumulate(model):
-                    if self.step == 0 and micro_batches == 0 and epoch == 0:
+                    if self.step == 0 and batches_done == 0 and epoch == 0:
                         logits = _first_forward(model, inputs, job)
                         check_first_batch(logits, self.num_classes, job.model.name, job.dataset.name)
                     else:
@@ -144,6 +188,7 @@ class TrainingLoop:
                     optimizer.zero_grad(set_to_none=True)
                 loss_sum += loss.detach()
                 micro_batches += 1
+                batches_done += 1
                 samples += inputs.shape[0]
                 progress.update(1)
                 if not accelerator.sync_gradients:
@@ -152,12 +197,18 @@ class TrainingLoop:
                     scheduler.step()
                 self.step += 1
                 self.hooks.runjob_after_step(run=run, step=self.step, epoch=epoch, loss=loss.detach())
-                if self.step % train.log_every == 0:
+                here = Position(self.step, epoch, batches_done)
+                logged = self.step % train.log_every == 0
+                if logged:
                     metrics = self._log(loss_sum, micro_batches, samples, window_start)
                     progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", refresh=False)
                     loss_sum.zero_()
                     micro_batches = samples = 0
                     window_start = time.perf_counter()
+                if logged or accelerator.num_processes == 1:  # agreeing costs a sync: only where one happens anyway
+                    self._stop_if_asked(here)
+                if train.checkpoint_every and self.step % train.checkpoint_every == 0 and batches_done < len(run.train_loader):
+                    self.checkpoint(here)
                 if train.max_steps is not None and self.step >= train.max_steps:
                     break
             if micro_batches:

@@ -1,0 +1,141 @@
+"""Checkpoints: written atomically, kept to a number, found and loaded again for ``--resume``.
+
+A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step-00000123/`` holding Accelerate's
+``save_state`` (model weights as safetensors, optimizer, RNG states of every rank, the data
+sampler), the scheduler's state, and ``runjob_state.json`` (step, epoch, position inside the
+epoch, the MLflow run id, the job). It is written under ``.tmp-step-...`` and renamed only when
+every rank has finished, so a process killed while writing leaves the previous one intact.
+Everything is loaded with ``weights_only`` (no arbitrary pickle).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import RunjobError
+
+STATE_FILE = "runjob_state.json"
+SCHEDULER_FILE = "scheduler.pt"
+PREFIX = "step-"
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: optimizer steps done, the epoch, micro-batches done in that epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    batches_done: int = 0
+
+
+def checkpoints_folder(output_dir: Path) -> Path:
+    return output_dir / "checkpoints"
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints in ``output_dir``, oldest first (temporary folders are not complete)."""
+    folder = checkpoints_folder(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.name.startswith(PREFIX) and (p / STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.removeprefix(PREFIX)))
+
+
+def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, Any]) -> Path:
+    """Write a checkpoint of ``run`` at ``position`` on every rank; returns its folder."""
+    import torch
+
+    accelerator = run.accelerator
+    folder = checkpoints_folder(run.output_dir)
+    final = folder / f"{PREFIX}{position.step:08d}"
+    temporary = folder / f".tmp-{final.name}"
+    try:
+        if accelerator.is_main_process:
+            shutil.rmtree(temporary, ignore_errors=True)
+            temporary.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(temporary), safe_serialization=True)
+        if accelerator.is_main_process:
+            if run.scheduler is not None:
+                torch.save(run.scheduler.state_dict(), temporary / SCHEDULER_FILE)
+            state = {**asdict(position), **extra}
+            (temporary / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            if final.exists():  # a resumed run passing the same step again
+                shutil.rmtree(final)
+            os.replace(temporary, final)
+            _prune(run.output_dir, keep)
+    except OSError as error:
+        previous = complete_checkpoints(run.output_dir)
+        kept = f"; the last complete checkpoint, {previous[-1]}, is intact" if previous else ""
+        raise RunjobError(f"cannot write checkpoint {final}: {error.strerror or error}{kept}") from None
+    accelerator.wait_for_everyone()
+    return final
+
+
+def _prune(output_dir: Path, keep: int) -> None:
+    for old in complete_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def read_state(checkpoint: Path) -> dict[str, Any]:
+    """The runjob state of a checkpoint; a clear error when it is missing or unreadable."""
+    try:
+        return json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise RunjobError(f"--resume {checkpoint}: not a complete runjob checkpoint ({error})") from None
+
+
+def find_checkpoint(output_dir: Path, explicit: Path | None) -> Path:
+    """The checkpoint to resume: ``explicit``, else the newest complete one in ``output_dir``."""
+    if explicit is not None:
+        if not (explicit / STATE_FILE).is_file():
+            raise RunjobError(f"--resume {explicit}: not a complete runjob checkpoint (no {STATE_FILE})")
+        return explicit
+    found = complete_checkpoints(output_dir)
+    if not found:
+        raise RunjobError(f"--resume: no complete checkpoint in {checkpoints_folder(output_dir)}")
+    return found[-1]
+
+
+def load_checkpoint(run: Any, checkpoint: Path) -> Position:
+    """Restore model, optimizer, scheduler, RNG and sampler states; returns where to continue."""
+    import torch
+
+    state = read_state(checkpoint)
+    try:
+        run.accelerator.load_state(str(checkpoint))
+        if run.scheduler is not None and (checkpoint / SCHEDULER_FILE).exists():
+            run.scheduler.load_state_dict(torch.load(checkpoint / SCHEDULER_FILE, weights_only=True))
+    except Exception as error:  # noqa: BLE001 - a corrupt or incompatible checkpoint
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RunjobError(f"cannot load checkpoint {checkpoint}: {type(error).__name__}: {first}") from None
+    return Position(state["step"], state["epoch"], state["batches_done"])
+
+
+# What a resumed job may not change: it would no longer be the same training.
+MUST_MATCH = ("job.seed", "model", "dataset", "optimizer.name", "scheduler.name", "train.batch_size",
+              "train.gradient_accumulation_steps", "launch.num_processes")
+LOADER_KEYS = ("dataset.num_workers", "dataset.pin_memory", "dataset.persistent_workers", "dataset.prefetch_factor")
+
+
+def compare_jobs(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Differences between the checkpoint's job and this one: (refused, allowed), as
+    ``key: old -> new`` lines."""
+    from runjob.tracking import flatten
+
+    old, new = flatten(saved), flatten(current)
+    refused, allowed = [], []
+    for key in sorted(set(old) | set(new)):
+        if old.get(key) == new.get(key):
+            continue
+        line = f"{key}: {old.get(key, '(unset)')} -> {new.get(key, '(unset)')}"
+        blocking = any(key == m or key.startswith(m + ".") for m in MUST_MATCH) and key not in LOADER_KEYS
+        (refused if blocking else allowed).append(line)
+    return refused, allowed
