@@ -10,10 +10,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from runjob.accelerator_setup import actual_setup, build_accelerator, check_setup
 from runjob.checkpoints import Position, compare_jobs, find_checkpoint, load_checkpoint, read_state, save_checkpoint
 from runjob.errors import RunjobError, Terminated
 from runjob.outputs import choose_output_dir
+from runjob.redaction import redact_override, redact_tables
 from runjob.plugin_host import PluginHost
 from runjob.run_context import RunContext
 from runjob.tracking import Recorder, default_experiment, flatten
@@ -31,7 +34,7 @@ def _tags(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path
         "runjob.version": __version__,
         "runjob.job_file": str(job.source.path.resolve()),
         "runjob.output_dir": str(output_dir.resolve()),
-        "runjob.overrides": " ".join(job.source.overrides),
+        "runjob.overrides": " ".join(redact_override(o) for o in job.source.overrides),
         "runjob.host": socket.gethostname(),
         "runjob.torch_version": torch.__version__,
         "runjob.accelerate_version": accelerate.__version__,
@@ -39,7 +42,7 @@ def _tags(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path
     }
     for plugin in host.plugins:
         tags[f"runjob.plugin.{plugin.name}"] = f"{plugin.distribution} {plugin.version}"
-    tags.update(job.tracking.tags)
+    tags.update(redact_tables(dict(job.tracking.tags)))
     return tags
 
 
@@ -90,12 +93,12 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, 
         tracking=job.tracking,
         experiment=default_experiment(job.tracking, job.job.name),
         run_name=job.tracking.run_name or job.job.name,
-        params=flatten(job.to_dict()),
+        params=flatten(redact_tables(job.to_dict())),
         tags=tags,
         resume_run_id=saved.get("mlflow_run_id"),
     )
     if checkpoint is None:
-        recorder.log_artifact(output_dir / "job.toml")
+        recorder.log_text(tomli_w.dumps(redact_tables(job.to_dict())), "job.toml")
     if accelerator.is_main_process:
         resumed = f", resuming {checkpoint.name}" if checkpoint is not None else ""
         print(f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}" + (f", MLflow run {run_id}" if run_id else "") + resumed)
@@ -137,7 +140,8 @@ def _resume_point(job: ResolvedJob, output_dir: Path | None, resume: Path | bool
         output_dir = explicit.parent.parent
     checkpoint = find_checkpoint(output_dir, explicit)
     saved = read_state(checkpoint)
-    refused, allowed = compare_jobs(saved.get("job", {}), job.to_dict())
+    refused, _ = compare_jobs(saved.get("job", {}), job.to_dict())
+    _, allowed = compare_jobs(redact_tables(saved.get("job", {})), redact_tables(job.to_dict()))  # recorded as a tag
     if refused:
         raise RunjobError(f"--resume {checkpoint}: made by a different job; these values differ: {'; '.join(refused)}")
     return output_dir, checkpoint, saved, allowed

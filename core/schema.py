@@ -40,6 +40,8 @@ class TrainTable(Options):
     log_every: int = Field(10, ge=1)
     drop_last: bool = True
     cpu: bool = False
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """A NaN or infinite loss or gradient: stop with advice, or skip that optimizer step."""
     checkpoint_every: int | None = Field(None, ge=1)
     """Optimizer steps between checkpoints; one is written at every epoch end regardless."""
     keep_checkpoints: int = Field(2, ge=1)

@@ -95,11 +95,12 @@ class Recorder:
 
             mlflow.log_artifact(str(path), run_id=self.run_id)
 
-    def set_tags(self, tags: dict[str, str]) -> None:
+    def log_text(self, text: str, name: str) -> None:
+        """Record ``text`` as the artifact ``name`` (e.g. the job with its secrets hidden)."""
         if self.active and self.run_id:
             import mlflow
 
-            mlflow.set_tags(tags)
+            mlflow.log_text(text, name, run_id=self.run_id)
 
     def end(self, status: str, error: BaseException | None = None) -> None:
         """Flush queued metrics and close the run as FINISHED, FAILED or KILLED."""

@@ -82,6 +82,45 @@ def evaluate(run: RunContext) -> dict[str, float]:
     return {"val/loss": (loss_sum / count).item(), "val/accuracy": (correct.double() / count).item()}
 
 
+class NonFiniteGuard:
+    """``train.on_nonfinite``: "stop" notes the first step with a non-finite loss or gradient norm on
+    the device (no sync) and stops at the next log step; "skip" looks at every step (one sync a
+    step) and skips the optimizer step, counting it."""
+
+    def __init__(self, mode: str, device: Any) -> None:
+        import torch
+
+        self.mode = mode
+        self.skipped = 0
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+
+    def allows_step(self, step: int, loss: Any, norm: Any) -> bool:
+        import torch
+
+        if self.mode == "skip":  # the gradient norm is the same on every process: all skip together
+            if not bool(torch.isfinite(norm)):
+                self.skipped += 1
+                return False
+            return True
+        bad = ~torch.isfinite(loss.detach())
+        if norm is not None:
+            bad = bad | ~torch.isfinite(norm)
+        self.first_bad = torch.where((self.first_bad < 0) & bad, torch.full_like(self.first_bad, step), self.first_bad)
+        return True
+
+    def stop_if_seen(self, accelerator: Any, run: Any) -> None:
+        if self.mode != "stop":
+            return
+        step = int(accelerator.reduce(self.first_bad.clone(), reduction="max").item()) if accelerator.num_processes > 1 else int(self.first_bad.item())
+        if step >= 0:
+            lr = run.optimizer.param_groups[0]["lr"]
+            raise TrainingError(
+                f"the loss or the gradients became NaN or infinite at step {step} (train.on_nonfinite = 'stop'). Usual remedies: "
+                f"a lower learning rate (optimizer.lr, now {lr:g}), gradient clipping (train.max_grad_norm = 1.0), "
+                "mixed_precision = 'bf16' instead of 'fp16'; or train.on_nonfinite = 'skip' to skip such steps"
+            )
+
+
 class StopRequest:
     """Set from a signal handler (SIGTERM, SIGINT, a configured signal); the loop stops at the next
     point where every process can agree, after writing a checkpoint."""
@@ -116,10 +155,25 @@ class TrainingLoop:
         self.step = self.start.step
         self.checkpoint = checkpoint or (lambda position: None)
         self.stop = stop or StopRequest()
+        self.nonfinite = NonFiniteGuard(run.job.train.on_nonfinite, run.accelerator.device)
         self.last_metrics: dict[str, float] = {}
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""
+        import torch
+
+        try:
+            return self._fit()
+        except torch.OutOfMemoryError as error:
+            train = self.run.job.train
+            raise TrainingError(
+                f"out of memory on {self.run.accelerator.device} at step {self.step + 1} with train.batch_size = {train.batch_size} "
+                f"per process ({str(error).strip().splitlines()[0][:120]}). To use less: a smaller train.batch_size with "
+                "train.gradient_accumulation_steps to keep the effective batch, train.mixed_precision = 'bf16', "
+                "strategy 'fsdp' (activation_checkpointing, cpu_offload) or 'deepspeed' (zero_stage 2 or 3)"
+            ) from None
+
+    def _fit(self) -> dict[str, float]:
         job = self.run.job
         for epoch in range(self.start.epoch, self.schedule.epochs):
             if job.train.max_steps is not None and self.step >= job.train.max_steps:
@@ -182,9 +236,16 @@ class TrainingLoop:
                         logits = model(inputs)
                     loss = F.cross_entropy(logits, targets)
                     accelerator.backward(loss)
-                    if train.max_grad_norm is not None and accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
-                    optimizer.step()
+                    stepped = True
+                    if accelerator.sync_gradients:
+                        norm = None
+                        if train.max_grad_norm is not None:
+                            norm = accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
+                        elif train.on_nonfinite == "skip":
+                            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+                        stepped = self.nonfinite.allows_step(self.step + 1, loss, norm)
+                    if stepped:
+                        optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
                 loss_sum += loss.detach()
                 micro_batches += 1
@@ -193,7 +254,7 @@ class TrainingLoop:
                 progress.update(1)
                 if not accelerator.sync_gradients:
                     continue
-                if scheduler is not None and not accelerator.optimizer_step_was_skipped:
+                if scheduler is not None and stepped and not accelerator.optimizer_step_was_skipped:
                     scheduler.step()
                 self.step += 1
                 self.hooks.runjob_after_step(run=run, step=self.step, epoch=epoch, loss=loss.detach())
@@ -219,6 +280,7 @@ class TrainingLoop:
 
     def _log(self, loss_sum: Any, micro_batches: int, samples: int, window_start: float) -> dict[str, float]:
         accelerator = self.run.accelerator
+        self.nonfinite.stop_if_seen(accelerator, self.run)
         mean_loss = accelerator.reduce(loss_sum / micro_batches, reduction="mean").item()
         elapsed = max(time.perf_counter() - window_start, 1e-9)
         metrics = {
@@ -226,6 +288,8 @@ class TrainingLoop:
             "lr": float(self.run.optimizer.param_groups[0]["lr"]),
             "train/samples_per_s": samples * accelerator.num_processes / elapsed,
         }
+        if self.run.job.train.on_nonfinite == "skip":
+            metrics["train/nonfinite_skipped"] = float(self.nonfinite.skipped)
         if accelerator.device.type == "cuda":
             import torch
 

@@ -288,3 +288,77 @@ def test_deepspeed_without_its_extra_says_how_to_install(runjob_cli, tmp_path):
     result = runjob_cli("job.toml", "--set", "strategy.name=deepspeed", "--set", "strategy.zero_stage=3")
     assert result.returncode == 2
     assert "pip install 'runjob-train[deepspeed]'" in result.stderr
+
+
+def test_secrets_never_reach_mlflow(runjob_cli, tmp_path):
+    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="secrets") + '\n[tracking.tags]\nwarehouse = "postgresql://me:hunter2@db/x"\n')
+    result = runjob_cli("job.toml", "--set", "train.max_steps=1", "--set", "tracking.tags.api_token=abc123")
+    assert result.returncode == 0, result.stderr[-2000:]
+    client, run = only_run(tmp_path, "secrets")
+    recorded = json.dumps([run.data.params, run.data.tags])
+    artifact = Path(client.download_artifacts(run.info.run_id, "job.toml", str(tmp_path))).read_text()
+    for secret in ("hunter2", "abc123"):
+        assert secret not in recorded and secret not in artifact
+    assert run.data.tags["warehouse"] == "postgresql://me:***@db/x" and run.data.tags["api_token"] == "***"
+    (out,) = (tmp_path / "runs" / "secrets").iterdir()
+    assert "abc123" in (out / "job.toml").read_text()  # the local job stays complete, to run again
+
+
+def test_poisoned_learning_rate_stops_with_advice(runjob_cli, tmp_path):
+    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="poison"))
+    result = runjob_cli("job.toml", "--set", "optimizer.name=sgd", "--set", "optimizer.lr=1e6", "--set", "train.max_steps=20", "--set", "train.log_every=5")
+    assert result.returncode == 2
+    message = result.stderr.strip().splitlines()[-1]
+    assert "became NaN or infinite at step" in message and "optimizer.lr, now 1e+06" in message and "train.max_grad_norm" in message
+    assert "Traceback" not in result.stderr
+    _, run = only_run(tmp_path, "poison")
+    assert run.info.status == "FAILED" and "NaN or infinite" in run.data.tags["runjob.error"]
+    skipping = runjob_cli("job.toml", "--set", "optimizer.name=sgd", "--set", "optimizer.lr=1e6", "--set", "train.max_steps=20",
+                          "--set", "train.log_every=5", "--set", "train.on_nonfinite=skip", "--output-dir", "skip")
+    assert skipping.returncode == 0, skipping.stderr[-2000:]
+    skipped = [json.loads(l) for l in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines() if "nonfinite_skipped" in l]
+    assert skipped and skipped[-1]["value"] > 0
+
+
+OOM_PLUGIN = """
+    import runjob
+
+    class Greedy:
+        def __init__(self):
+            import torch
+            self.calls = 0
+            self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(768, 10))
+        def __call__(self, inputs):
+            import torch
+            self.calls += 1
+            if self.calls == 3:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+            return self.net(inputs)
+
+    def build(options):
+        import torch
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.greedy = Greedy()
+                self.net = self.greedy.net
+            def forward(self, inputs):
+                return self.greedy(inputs)
+        return Model()
+
+    @runjob.hookimpl
+    def runjob_register_models(register):
+        register("greedy", build)
+"""
+
+
+def test_out_of_memory_names_the_batch_size_and_remedies(runjob_cli, tmp_path):
+    site = make_plugin_dist(tmp_path / "site", "fake-greedy", "1.0", {"greedy": "fake_greedy"}, {"fake_greedy": OOM_PLUGIN})
+    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="oom").replace('name = "resnet18"\n    num_classes = 10', 'name = "greedy"'))
+    result = runjob_cli("job.toml", extra_path=[site])
+    assert result.returncode == 2, result.stderr[-2000:]
+    message = result.stderr.strip().splitlines()[-1]
+    assert "out of memory on cpu at step 3 with train.batch_size = 32 per process" in message
+    assert "train.gradient_accumulation_steps" in message and "bf16" in message
+    assert "Traceback" not in result.stderr
