@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -36,9 +37,21 @@ def clean_env(workdir: Path, extra_path: list[Path] | None = None) -> dict[str, 
     return env
 
 
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory) -> Path:
+    """An initialised, empty MLflow sqlite store; copying it saves each run MLflow's migrations."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
 @pytest.fixture
-def runjob_cli(tmp_path):
+def runjob_cli(tmp_path, empty_mlflow_db):
     """Run ``python -m runjob ARGS`` in ``tmp_path`` with a private MLflow store; returns a Result."""
+    if not (tmp_path / "mlflow.db").exists():
+        shutil.copy(empty_mlflow_db, tmp_path / "mlflow.db")
 
     def run(*args: str, extra_path: list[Path] | None = None, timeout: float = 600, cwd: Path | None = None) -> Result:
         proc = subprocess.run(

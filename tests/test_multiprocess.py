@@ -190,10 +190,10 @@ def test_two_simulated_machines_make_one_job(tmp_path, check_site):
     assert lines(tmp_path / "params-0.jsonl") == lines(tmp_path / "params-1.jsonl")
 
 
-def test_a_dead_worker_stops_the_whole_job(tmp_path, check_site):
-    write_job(tmp_path / "job.toml", LINEAR_JOB.format(name="dies") + "batch_size = 8\n")
+def test_a_dead_worker_stops_the_whole_job_which_then_resumes(tmp_path, check_site):
+    write_job(tmp_path / "job.toml", LINEAR_JOB.format(name="dies") + "batch_size = 8\ncheckpoint_every = 1\n")
     started = time.monotonic()
-    result = runjob(tmp_path, check_site, "job.toml", "--num-processes", "2", env_extra={"DIE_AT_STEP": "2"}, timeout=180)
+    result = runjob(tmp_path, check_site, "job.toml", "--num-processes", "2", "--output-dir", "out", env_extra={"DIE_AT_STEP": "3"}, timeout=180)
     assert result.returncode != 0
     assert time.monotonic() - started < 120
     assert "worker rank 1 exited with code 137 (SIGKILL)" in result.stderr
@@ -201,6 +201,18 @@ def test_a_dead_worker_stops_the_whole_job(tmp_path, check_site):
     _, run = only_run(tmp_path, "dies")
     assert run.info.status == "FAILED"
     assert run.data.tags["runjob.worker_failure"] == "worker rank 1 exited with code 137 (SIGKILL)"
+
+    # resumed with two processes, it ends where an uninterrupted run does
+    (tmp_path / "params-0.jsonl").unlink(missing_ok=True)
+    resumed = runjob(tmp_path, check_site, "job.toml", "--num-processes", "2", "--output-dir", "out", "--resume")
+    assert ok(resumed), resumed.stderr[-3000:]
+    assert "resuming step-00000002" in resumed.stdout
+    after_resume = lines(tmp_path / "params-0.jsonl")[-1]
+    (tmp_path / "params-0.jsonl").unlink()
+    straight = runjob(tmp_path, check_site, "job.toml", "--num-processes", "2", "--output-dir", "straight")
+    assert ok(straight), straight.stderr[-3000:]
+    assert after_resume == pytest.approx(lines(tmp_path / "params-0.jsonl")[-1], abs=1e-6)
+
 
 
 def test_processes_started_by_srun_find_each_other(tmp_path, check_site):

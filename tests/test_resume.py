@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
-from conftest import make_plugin_dist, write_job
+from conftest import clean_env, make_plugin_dist, write_job
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -49,12 +51,21 @@ def killer(tmp_path):
     return make_plugin_dist(tmp_path / "site", "fake-killer", "1.0", {"killer": "fake_killer"}, {"fake_killer": KILLER_PLUGIN})
 
 
+@pytest.fixture(scope="module")
+def baseline_weights(tmp_path_factory):
+    """The weights of the job run without interruption (once for the module)."""
+    folder = tmp_path_factory.mktemp("baseline")
+    write_job(folder / "job.toml", JOB)
+    proc = subprocess.run([sys.executable, "-m", "runjob", "job.toml", "--output-dir", "out"], cwd=folder, env=clean_env(folder),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return (folder / "out" / "model.safetensors").read_bytes()
+
+
 @pytest.fixture
-def baseline(runjob_cli, tmp_path, killer):
+def baseline(tmp_path, baseline_weights):
     write_job(tmp_path / "job.toml", JOB)
-    result = runjob_cli("job.toml", "--output-dir", "baseline", extra_path=[killer])
-    assert result.returncode == 0, result.stderr[-3000:]
-    return (tmp_path / "baseline" / "model.safetensors").read_bytes()
+    return baseline_weights
 
 
 def steps_of(tmp_path, run_id, key="train/loss"):
@@ -108,7 +119,7 @@ def test_sigterm_checkpoints_ends_killed_and_resumes_the_same_run(runjob_cli, tm
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name("resume").experiment_id])
-    assert len(runs) == 2  # the baseline and this one: resuming made no new run
+    assert len(runs) == 1  # resuming made no new run
 
 
 def test_resume_refuses_another_job_and_reports_bad_checkpoints(runjob_cli, tmp_path, killer, monkeypatch):

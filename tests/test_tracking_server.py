@@ -61,9 +61,10 @@ def test_run_is_recorded_on_the_tracking_server(runjob_cli, tmp_path, mlflow_ser
     write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="served") + '\n[tracking]\nexperiment = "server-test"\nrun_name = "first"\n[tracking.tags]\nteam = "vision"\n')
     result = runjob_cli("job.toml", "--set", f"tracking.uri={mlflow_server}", "--set", "train.max_steps=6", "--set", "train.log_every=2")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert not (tmp_path / "mlflow.db").exists(), "the local default store must not be used"
-
     from mlflow import MlflowClient
+
+    local = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert local.get_experiment_by_name("server-test") is None, "the local default store must not be used"
 
     client = MlflowClient(tracking_uri=mlflow_server)
     (run,) = client.search_runs([client.get_experiment_by_name("server-test").experiment_id])

@@ -1,0 +1,62 @@
+"""Checkpoint files: atomic writes, pruning, and a full disk that loses nothing already saved."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from runjob.checkpoints import Position, compare_jobs, complete_checkpoints, save_checkpoint
+from runjob.errors import RunjobError
+
+
+class OneProcess:
+    """Just enough of an Accelerator for one process: save_state writes a marker file."""
+
+    is_main_process = True
+
+    def __init__(self, fail_with: OSError | None = None):
+        self.fail_with = fail_with
+
+    def wait_for_everyone(self):
+        pass
+
+    def save_state(self, folder, safe_serialization=True):
+        if self.fail_with:
+            (Path(folder) / "partial.bin").write_bytes(b"half")
+            raise self.fail_with
+        (Path(folder) / "model.safetensors").write_bytes(b"weights")
+
+
+def run_in(tmp_path, accelerator):
+    return SimpleNamespace(accelerator=accelerator, output_dir=tmp_path, scheduler=None)
+
+
+def test_checkpoints_are_kept_to_the_limit(tmp_path):
+    run = run_in(tmp_path, OneProcess())
+    for step in (3, 6, 9):
+        save_checkpoint(run, Position(step, 0, step), keep=2, extra={})
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000006", "step-00000009"]
+    assert not list((tmp_path / "checkpoints").glob(".tmp-*"))
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
+    save_checkpoint(run_in(tmp_path, OneProcess()), Position(5, 0, 5), keep=2, extra={})
+    full = run_in(tmp_path, OneProcess(OSError(errno.ENOSPC, "No space left on device")))
+    with pytest.raises(RunjobError) as caught:
+        save_checkpoint(full, Position(10, 0, 10), keep=2, extra={})
+    message = str(caught.value)
+    assert f"cannot write checkpoint {tmp_path / 'checkpoints' / 'step-00000010'}: No space left on device" in message
+    assert f"the last complete checkpoint, {tmp_path / 'checkpoints' / 'step-00000005'}, is intact" in message
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step-00000005"]
+    assert (tmp_path / "checkpoints" / "step-00000005" / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_job_comparison_separates_refused_and_allowed_changes():
+    saved = {"model": {"name": "resnet18", "num_classes": 10}, "optimizer": {"name": "sgd", "lr": 0.1}, "dataset": {"name": "digits", "num_workers": 0}}
+    now = {"model": {"name": "resnet34", "num_classes": 10}, "optimizer": {"name": "sgd", "lr": 0.05}, "dataset": {"name": "digits", "num_workers": 4}}
+    refused, allowed = compare_jobs(saved, now)
+    assert refused == ["model.name: resnet18 -> resnet34"]
+    assert allowed == ["dataset.num_workers: 0 -> 4", "optimizer.lr: 0.1 -> 0.05"]
