@@ -38,10 +38,6 @@ class JobError(RunjobError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
-class PluginError(RunjobError):
-    """A plugin that breaks the host's rules (e.g. a hook implementation with a misspelt name)."""
-
-
 class DataError(RunjobError):
     """Data that cannot be read or does not fit what the job says (found while training)."""
 

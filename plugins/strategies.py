@@ -105,6 +105,14 @@ def build_ddp(options: DDPOptions) -> StrategyPlan:
     return StrategyPlan(accelerator_kwargs={"kwargs_handlers": [handler]}, expected_distributed_types=MULTI_PROCESS_DDP + ONE_PROCESS)
 
 
+def _accelerate_plugin(strategy: str, plugin_class: type, **settings: object) -> object:
+    """Build an Accelerate plugin; a setting it refuses is the user's to fix, not a traceback."""
+    try:
+        return plugin_class(**settings)
+    except (ValueError, RuntimeError) as error:  # e.g. FSDP1's sync_module_states on a CPU
+        raise RunjobError(f"strategy.name = {strategy!r}: Accelerate refused these options: {error}") from None
+
+
 def _default(value: bool | None, default: bool) -> bool:
     return default if value is None else value
 
@@ -131,17 +139,15 @@ def build_fsdp(options: FSDPOptions) -> StrategyPlan:
         wrap["transformer_cls_names_to_wrap"] = options.transformer_layer_cls_to_wrap
     if options.auto_wrap_policy == "size_based_wrap":
         wrap["min_num_params"] = options.min_num_params
-    try:
-        plugin = FullyShardedDataParallelPlugin(
-            fsdp_version=options.fsdp_version,
-            state_dict_type=options.state_dict_type,
-            cpu_offload=options.cpu_offload,
-            activation_checkpointing=options.activation_checkpointing,
-            **version_specific,
-            **wrap,
-        )
-    except (ValueError, RuntimeError) as error:  # e.g. sync_module_states on a CPU
-        raise RunjobError(f"strategy.name = 'fsdp': Accelerate refused these options: {error}") from None
+    plugin = _accelerate_plugin(
+        "fsdp", FullyShardedDataParallelPlugin,
+        fsdp_version=options.fsdp_version,
+        state_dict_type=options.state_dict_type,
+        cpu_offload=options.cpu_offload,
+        activation_checkpointing=options.activation_checkpointing,
+        **version_specific,
+        **wrap,
+    )
     return StrategyPlan(accelerator_kwargs={"fsdp_plugin": plugin}, expected_distributed_types=("FSDP",), requirement="FSDP needs CUDA GPUs")
 
 
@@ -154,15 +160,10 @@ def build_deepspeed(options: DeepSpeedOptions) -> StrategyPlan:
     from accelerate import DeepSpeedPlugin
 
     if options.config_file is not None:
-        plugin = DeepSpeedPlugin(hf_ds_config=options.config_file)
+        plugin = _accelerate_plugin("deepspeed", DeepSpeedPlugin, hf_ds_config=options.config_file)
     else:
-        plugin = DeepSpeedPlugin(
-            zero_stage=options.zero_stage,
-            offload_optimizer_device=options.offload_optimizer_device,
-            offload_param_device=options.offload_param_device,
-            gradient_clipping=options.gradient_clipping,
-            zero3_init_flag=options.zero3_init_flag,
-        )
+        settings = options.model_dump(exclude={"config_file"})
+        plugin = _accelerate_plugin("deepspeed", DeepSpeedPlugin, **settings)
     return StrategyPlan(accelerator_kwargs={"deepspeed_plugin": plugin}, expected_distributed_types=("DEEPSPEED",), requirement="DeepSpeed needs CUDA GPUs")
 
 

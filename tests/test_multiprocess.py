@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from conftest import clean_env, make_plugin_dist, run_process_group, write_job
-from test_training import SMALL_DIGITS, only_run
+from test_training import only_run
 
 pytestmark = pytest.mark.timeout(400)
 

@@ -198,3 +198,11 @@ def test_plan_shows_batches_precision_strategy_and_warnings(contract, host):
     assert "warning: mixed_precision = 'fp16' needs a CUDA GPU" in text
     assert "warning: strategy 'fsdp' needs CUDA GPUs" in text
     assert "warning" not in "\n".join(plan_lines(job, has_gpu=True))
+
+
+def test_options_accelerate_refuses_become_one_line_errors():
+    from runjob.errors import RunjobError
+    from runjob.plugins.strategies import FSDPOptions, build_fsdp
+
+    with pytest.raises(RunjobError, match="strategy.name = 'fsdp': Accelerate refused these options: .*sync_module_states"):
+        build_fsdp(FSDPOptions(fsdp_version=1))  # FSDP1 syncs module states, which needs a GPU
