@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-COMMANDS = ("run", "validate", "doctor", "plugins")
+COMMANDS = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
 
 DESCRIPTION = """\
 Train from a declarative TOML job file.
@@ -17,6 +17,11 @@ Train from a declarative TOML job file.
   runjob validate JOB.toml [--set table.key=value]...             check the job, print it resolved
   runjob doctor [JOB.toml] [--json]                               check this machine (GPUs, NCCL, MLflow, plugins)
   runjob plugins                                                  list plugins and their components
+  runjob runs [--experiment NAME]                                 table of recorded runs
+  runjob diff RUN_A RUN_B                                         job keys and metrics that differ
+  runjob rerun RUN_ID [--set table.key=value]...                  run a recorded run's job again
+  runjob sync OUTPUT_DIR                                          upload a run's local record to MLflow
+  runjob sweep JOB.toml                                           run the job's [sweep] trials
 """
 
 
@@ -57,12 +62,16 @@ def _overrides(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
+def _add_tracking_uri(parser: argparse.ArgumentParser, default_text: str) -> None:
+    parser.add_argument("--tracking-uri", metavar="URI", help=f"MLflow tracking URI (default: {default_text})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from runjob import __version__
 
     parser = argparse.ArgumentParser(prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"runjob {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{run,validate,doctor,plugins}")
+    commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
 
     run = commands.add_parser("run", help="train the job (the default command)", description="Train the job and record it to MLflow.")
     _add_job_arguments(run)
@@ -83,6 +92,32 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
 
     commands.add_parser("plugins", help="list plugins, their versions and what they register", description="List every plugin, its distribution and version, and the components it registers.")
+
+    uri_default = "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here"
+    runs = commands.add_parser("runs", help="list recorded runs: status, the job keys that differ, final metrics", description="List MLflow runs with their status, the job keys that differ between them and their final metrics.")
+    runs.add_argument("--experiment", metavar="NAME", help="only this experiment's runs (default: all experiments)")
+    runs.add_argument("--limit", type=int, default=20, metavar="N", help="the newest N runs (default: 20)")
+    _add_tracking_uri(runs, uri_default)
+
+    diff = commands.add_parser("diff", help="compare two runs: the job keys that differ and the metric deltas", description="Show the job keys whose values differ between two runs, and each final metric with B - A.")
+    diff.add_argument("run_a", metavar="RUN_A", help="MLflow run id")
+    diff.add_argument("run_b", metavar="RUN_B", help="MLflow run id")
+    _add_tracking_uri(diff, uri_default)
+
+    rerun = commands.add_parser("rerun", help="run a recorded run's job.toml again, tagged as its rerun", description="Fetch RUN_ID's job.toml from MLflow and train it again (with any --set changes); the new run is tagged runjob.rerun_of=RUN_ID.")
+    rerun.add_argument("run_id", metavar="RUN_ID", help="MLflow run id")
+    rerun.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override one job key (repeatable)")
+    rerun.add_argument("--output-dir", type=Path, help="where the new run's outputs go (default: runs/<job name>/<time>)")
+    _add_tracking_uri(rerun, uri_default)
+    _add_launch_arguments(rerun)
+
+    sync = commands.add_parser("sync", help="upload a run's local record (OUTPUT_DIR) to MLflow", description="Upload everything a run recorded in OUTPUT_DIR (params, tags, every metric point, artifacts, status) to MLflow. Safe to repeat: nothing is logged twice.")
+    sync.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="the run's output folder")
+    _add_tracking_uri(sync, "the one the run recorded")
+
+    sweep = commands.add_parser("sweep", help="run the trials of the job's [sweep] table under one parent MLflow run", description="Run one trial per point of the job's [sweep] table, each a child MLflow run of one parent run, and report the best.")
+    _add_job_arguments(sweep)
+    sweep.add_argument("--output-dir", type=Path, help="where the sweep's trials go (default: runs/<job name>-sweep/<time>)")
     return parser
 
 
@@ -157,6 +192,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return run_job(job, host, output_dir=args.output_dir, resume=args.resume)
 
 
+def _command(name: str):
+    """The function that carries out command ``name`` (imported only when it is run)."""
+    local = {"run": cmd_run, "validate": cmd_validate, "doctor": cmd_doctor, "plugins": cmd_plugins}
+    if name in local:
+        return local[name]
+    if name in ("runs", "diff", "rerun"):
+        from runjob import run_queries as module
+    elif name == "sync":
+        from runjob import sync as module
+    else:
+        from runjob import sweep as module
+    return getattr(module, f"cmd_{name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``runjob`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -170,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     from runjob.errors import RunjobError, Terminated, user_message
 
     try:
-        return {"run": cmd_run, "validate": cmd_validate, "doctor": cmd_doctor, "plugins": cmd_plugins}[args.command](args)
+        return _command(args.command)(args)
     except RunjobError as error:
         _print_problems(user_message(error))
         return error.exit_code

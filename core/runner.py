@@ -19,7 +19,7 @@ from runjob.outputs import choose_output_dir
 from runjob.redaction import redact_override, redact_tables
 from runjob.plugin_host import PluginHost
 from runjob.run_context import RunContext
-from runjob.tracking import Recorder, default_experiment, flatten
+from runjob.tracking import Recorder, default_experiment, extra_run_tags, flatten
 from runjob.training import StopRequest, TrainingLoop, plan_schedule
 from runjob.validation import ResolvedJob
 
@@ -43,6 +43,7 @@ def _tags(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path
     for plugin in host.plugins:
         tags[f"runjob.plugin.{plugin.name}"] = f"{plugin.distribution} {plugin.version}"
     tags.update(redact_tables(dict(job.tracking.tags)))
+    tags.update(extra_run_tags())
     return tags
 
 

@@ -45,6 +45,10 @@ class TrainTable(Options):
     checkpoint_every: int | None = Field(None, ge=1)
     """Optimizer steps between checkpoints; one is written at every epoch end regardless."""
     keep_checkpoints: int = Field(2, ge=1)
+    best_metric: Literal["val/accuracy", "val/loss"] = "val/accuracy"
+    """The validation metric that picks the best checkpoint (accuracy: highest; loss: lowest)."""
+    peak_tflops: float | None = Field(None, gt=0)
+    """The device's peak TFLOP/s for MFU, when runjob's table doesn't know the device."""
     stop_signal: Literal["SIGUSR1", "SIGUSR2"] | None = None
     """A signal that, like SIGTERM and SIGINT, stops training after a checkpoint (e.g. Slurm's --signal)."""
 
@@ -90,6 +94,13 @@ class TrackingTable(Options):
     experiment: str | None = Field(None, min_length=1)
     run_name: str | None = Field(None, min_length=1)
     tags: dict[str, str] = Field(default_factory=dict)
+    offline: bool = False
+    """Record only to the output folder (no MLflow contact); upload later with ``runjob sync``."""
+    system_metrics_interval: float = Field(10.0, ge=0)
+    """Seconds between MLflow system-metric samples (CPU, memory, GPU) on each machine; 0 turns them off."""
+    log_model: Literal["pickle", "pt2", "none"] = "pickle"
+    """How the final model is logged as an MLflow model: the pickled module (any model; loading needs its
+    code importable), a ``torch.export`` program (loads without the code; the model must export), or not."""
 
 
 class LoaderOptions(Options):

@@ -16,6 +16,7 @@ from typing import Any
 from runjob.errors import TrackingError, user_message
 
 RUN_RECORD = "mlflow_run.json"  # which MLflow run this output folder belongs to
+RUN_TAGS_ENV = "RUNJOB_RUN_TAGS"  # a JSON object of extra tags for the run (set by `rerun` and `sweep`)
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
 
@@ -125,6 +126,24 @@ class Recorder:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else ""
+
+
+def extra_run_tags() -> dict[str, str]:
+    """Tags that the process that started this run asked for through ``$RUNJOB_RUN_TAGS``."""
+    text = os.environ.get(RUN_TAGS_ENV)
+    if not text:
+        return {}
+    tags = json.loads(text)
+    return {str(key): str(value) for key, value in tags.items()}
+
+
+def resolve_tracking_uri(explicit: str | None = None) -> str:
+    """``explicit``, else ``$MLFLOW_TRACKING_URI``, else MLflow's default (``sqlite:///mlflow.db``)."""
+    if explicit:
+        return explicit
+    import mlflow
+
+    return mlflow.get_tracking_uri()
 
 
 def default_experiment(tracking: Any, job_name: str) -> str:
