@@ -1,0 +1,217 @@
+"""`runjob runs`, `runjob diff` and `runjob rerun`: reading recorded runs back from MLflow.
+
+`runs` and `diff` read runs written straight into a sqlite store, as runjob records them (dotted
+job keys as params, `val/accuracy` and friends as metrics); only `rerun` trains, once end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import write_job
+from test_training import SMALL_DIGITS
+
+from runjob.cli import main
+
+T0 = 1_780_000_000_000  # ms; the runs start a minute apart from here
+JOB_KEYS = {"model.name": "resnet18", "train.epochs": "6", "dataset.root": "data/digits", "tracking.tags.api_token": "***"}
+VALID_JOB = textwrap.dedent(SMALL_DIGITS).format(name="recorded") + '[tracking.tags]\napi_token = "***"\n'
+
+
+def _record(client, experiment_id: str, name: str, minute: int, params: dict, metrics: dict, status: str, job_toml: str | None = None) -> str:
+    """A run as runjob leaves it: params, metric histories (the last point is the final value), status."""
+    run = client.create_run(experiment_id, start_time=T0 + minute * 60_000, run_name=name)
+    run_id = run.info.run_id
+    for key, value in params.items():
+        client.log_param(run_id, key, value)
+    for key, values in metrics.items():
+        for step, value in enumerate(values, start=1):
+            client.log_metric(run_id, key, value, step=step)
+    if job_toml is not None:
+        client.log_text(run_id, job_toml, "job.toml")
+    client.set_terminated(run_id, status, end_time=T0 + minute * 60_000 + 95_000)
+    return run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, empty_mlflow_db):
+    """A store with experiment `digits` (three runs: lr 0.001 FINISHED, lr 0.01 FAILED, lr 0.001
+    again with a hidden secret in its job.toml), `cifar` (one run, not made by runjob) and `empty`."""
+    from mlflow import MlflowClient
+
+    folder = tmp_path_factory.mktemp("queries")
+    shutil.copy(empty_mlflow_db, folder / "mlflow.db")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    digits = client.create_experiment("digits", artifact_location=str(folder / "artifacts"))
+    cifar = client.create_experiment("cifar", artifact_location=str(folder / "artifacts"))
+    client.create_experiment("empty", artifact_location=str(folder / "artifacts"))
+    ids = {
+        "slow": _record(client, digits, "slow", 0, {**JOB_KEYS, "optimizer.lr": "0.001"},
+                        {"val/accuracy": [0.5, 0.8], "val/loss": [0.9, 0.4], "train/loss": [0.3]}, "FINISHED"),
+        "fast": _record(client, digits, "fast", 1, {**JOB_KEYS, "optimizer.lr": "0.01"},
+                        {"val/accuracy": [0.9], "val/loss": [0.3], "train/loss": [0.35], "lr": [0.01]}, "FAILED"),
+        "secret": _record(client, digits, "secret", 2, {**JOB_KEYS, "optimizer.lr": "0.001"}, {}, "FINISHED", job_toml=VALID_JOB),
+        "foreign": _record(client, cifar, "foreign", 3, {"epochs": "3"}, {"acc": [0.5]}, "FINISHED"),
+    }
+    return uri, ids
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _one_line_error(code: int, err: str) -> str:
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith("runjob: "), err
+    return err
+
+
+@pytest.mark.timeout(60)
+def test_runs_lists_newest_first_with_differing_keys_and_final_metrics(store, capsys):
+    uri, ids = store
+    code, out, _ = _cli(capsys, "runs", "--experiment", "digits", "--tracking-uri", uri)
+    assert code == 0
+    overview, results = (part.splitlines() for part in out.split("\n\n"))
+    newest_first = [ids["secret"], ids["fast"], ids["slow"]]
+    assert overview[0].split() == ["run", "id", "experiment", "run", "name", "status", "start", "duration"]
+    assert [line.split()[0] for line in overview[1:]] == newest_first
+    assert overview[2].split()[1:4] == ["digits", "fast", "FAILED"] and overview[3].endswith(" 1m35s")
+    # only the key that differs, then the final (not the first) metric values
+    assert results[0].split() == ["run", "id", "optimizer.lr", "val/accuracy", "val/loss", "train/loss"]
+    assert [line.split() for line in results[1:]] == [
+        [ids["secret"], "0.001"], [ids["fast"], "0.01", "0.9", "0.3", "0.35"], [ids["slow"], "0.001", "0.8", "0.4", "0.3"],
+    ]
+    assert all(len(line) <= 120 for line in out.splitlines())
+
+
+@pytest.mark.timeout(60)
+def test_runs_across_experiments_limit_and_no_runs(store, capsys):
+    uri, ids = store
+    code, out, _ = _cli(capsys, "runs", "--limit", "2", "--tracking-uri", uri)
+    assert code == 0
+    assert ids["foreign"] in out and ids["secret"] in out and ids["slow"] not in out
+    assert "cifar" in out and "epochs" in out  # a key only one run has differs too
+    assert "--limit" in out.splitlines()[-1]
+
+    code, out, _ = _cli(capsys, "runs", "--experiment", "empty", "--tracking-uri", uri)
+    assert code == 0 and out.startswith("no runs in experiment empty")
+
+
+@pytest.mark.timeout(60)
+def test_runs_errors_are_one_line(store, capsys, tmp_path):
+    uri, _ = store
+    err = _one_line_error(*_cli(capsys, "runs", "--experiment", "digts", "--tracking-uri", uri)[::2])
+    assert "digts" in err and "did you mean 'digits'?" in err and "cifar, digits, empty" in err
+
+    missing = tmp_path / "nowhere.db"
+    err = _one_line_error(*_cli(capsys, "runs", "--tracking-uri", f"sqlite:///{missing}")[::2])
+    assert str(missing) in err
+    assert not missing.exists(), "a mistyped store must not be created"
+
+
+@pytest.mark.timeout(60)
+def test_diff_shows_changed_keys_and_metric_deltas(store, capsys):
+    uri, ids = store
+    code, out, _ = _cli(capsys, "diff", ids["slow"], ids["fast"], "--tracking-uri", uri)
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith("  ")}
+    assert rows["optimizer.lr"] == ["optimizer.lr", "0.001", "0.01"]
+    assert "train.epochs" not in rows and "model.name" not in rows
+    assert rows["val/accuracy"] == ["val/accuracy", "0.8", "0.9", "+0.1", "+12.5%"]
+    assert rows["val/loss"] == ["val/loss", "0.4", "0.3", "-0.1", "-25.0%"]
+    assert rows["lr"] == ["lr", "(absent)", "0.01"]
+    assert "FINISHED" in out.splitlines()[0] and "FAILED" in out.splitlines()[1]
+
+    code, out, _ = _cli(capsys, "diff", ids["slow"], ids["secret"], "--tracking-uri", uri)
+    assert code == 0 and "job keys: identical (5 keys)" in out
+    assert "val/accuracy" in out and "(absent)" in out
+
+
+@pytest.mark.timeout(60)
+def test_diff_and_rerun_of_an_unknown_run_exit_2(store, capsys):
+    uri, ids = store
+    unknown = "0" * 32
+    err = _one_line_error(*_cli(capsys, "diff", ids["slow"], unknown, "--tracking-uri", uri)[::2])
+    assert f"no run {unknown} at {uri}" in err
+    err = _one_line_error(*_cli(capsys, "rerun", unknown, "--tracking-uri", uri)[::2])
+    assert f"no run {unknown} at {uri}" in err
+
+
+@pytest.mark.timeout(60)
+def test_rerun_refuses_hidden_secrets_and_runs_without_job_toml(store, capsys, tmp_path, monkeypatch):
+    uri, ids = store
+    monkeypatch.chdir(tmp_path)
+    err = _one_line_error(*_cli(capsys, "rerun", ids["secret"], "--tracking-uri", uri)[::2])
+    assert "tracking.tags.api_token" in err and "--set" in err
+    err = _one_line_error(*_cli(capsys, "rerun", ids["foreign"], "--tracking-uri", uri)[::2])
+    assert "not made by runjob" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.timeout(60)
+def test_rerun_hands_cmd_run_the_job_tags_and_store(store, capsys, tmp_path, monkeypatch):
+    """What `rerun` gives `runjob run` (which is tested on its own): the downloaded job kept in the
+    new output folder, the overrides and launch flags, the rerun tag merged into $RUNJOB_RUN_TAGS
+    and the store the run was read from."""
+    uri, ids = store
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RUNJOB_RUN_TAGS", json.dumps({"sweep": "s1"}))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    seen = {}
+
+    def fake_cmd_run(args):
+        seen.update(vars(args), text=Path(args.job).read_text(), tags=os.environ["RUNJOB_RUN_TAGS"], uri=os.environ.get("MLFLOW_TRACKING_URI"))
+        return 0
+
+    monkeypatch.setattr("runjob.cli.cmd_run", fake_cmd_run)
+    code, _, err = _cli(capsys, "rerun", ids["secret"], "--tracking-uri", uri, "--set", "tracking.tags.api_token=abc", "--num-processes", "1", "--output-dir", "again")
+    assert code == 0, err
+    assert seen["job"] == Path("again/rerun_source.toml") and seen["text"] == VALID_JOB
+    assert seen["overrides"] == ["tracking.tags.api_token=abc"] and seen["num_processes"] == 1
+    assert seen["output_dir"] == Path("again") and seen["resume"] is None
+    assert json.loads(seen["tags"]) == {"sweep": "s1", "runjob.rerun_of": ids["secret"]}
+    assert seen["uri"] == uri
+    assert "MLFLOW_TRACKING_URI" not in os.environ and json.loads(os.environ["RUNJOB_RUN_TAGS"]) == {"sweep": "s1"}
+
+
+@pytest.mark.timeout(120)
+def test_rerun_trains_the_recorded_job_again(runjob_cli, tmp_path, empty_mlflow_db):
+    """One real training: the rerun of a run recorded as runjob records one (the first training is
+    not needed to test rerun, and would double the cost)."""
+    import tomli_w
+    from mlflow import MlflowClient
+    from mlflow.entities import Param
+
+    from runjob.plugin_host import load_plugins
+    from runjob.redaction import redact_tables
+    from runjob.tracking import flatten
+    from runjob.validation import load_resolved
+
+    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="again") + '[tracking]\nlog_model = "none"\nsystem_metrics_interval = 0\n')
+    job = redact_tables(load_resolved(tmp_path / "job.toml", ["train.max_steps=2", "optimizer.lr=0.001"], load_plugins()).to_dict())
+    shutil.copy(empty_mlflow_db, tmp_path / "mlflow.db")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("again", artifact_location=str(tmp_path / "artifacts"))
+    old = client.create_run(experiment, run_name="again").info.run_id
+    client.log_batch(old, params=[Param(k, v) for k, v in flatten(job).items()])
+    client.log_text(old, tomli_w.dumps(job), "job.toml")
+    client.set_terminated(old, "FINISHED")
+
+    result = runjob_cli("rerun", old, "--set", "optimizer.lr=0.01")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (new,) = client.search_runs([experiment], filter_string=f"tags.`runjob.rerun_of` = '{old}'")
+    assert new.info.status == "FINISHED"
+    params = client.get_run(old).data.params
+    changed = {k for k in params.keys() | new.data.params.keys() if params.get(k) != new.data.params.get(k)}
+    assert changed == {"optimizer.lr"} and new.data.params["optimizer.lr"] == "0.01"
+    source = Path(new.data.tags["runjob.job_file"])
+    assert source.name == "rerun_source.toml" and source.parent == Path(new.data.tags["runjob.output_dir"])
