@@ -132,11 +132,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     from runjob.plan import plan_lines
 
-    job = load_resolved(args.job, _overrides(args), load_plugins())
+    host = load_plugins()
+    job = load_resolved(args.job, _overrides(args), host)
+    if job.sweep is not None:
+        from runjob.sweep import check_values
+
+        check_values(job, host)
+        _note_sweep("the resolved job printed is the base job, without it (its values were checked)")
     sys.stdout.write(job.to_toml())
     for line in plan_lines(job):  # stderr, so stdout stays the resolved job alone
         print(f"runjob: plan: {line}", file=sys.stderr)
     return 0
+
+
+def _note_sweep(what_happens: str) -> None:
+    print(f"runjob: note: the job's [sweep] table is used by `runjob sweep`; {what_happens}", file=sys.stderr)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -182,6 +192,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     adopt_slurm_environment()
     job = load_resolved(args.job, overrides, host)
     launch = job.launch
+    if job.sweep is not None and not is_worker():
+        from runjob.tracking import extra_run_tags
+
+        if "runjob.sweep.trial" not in extra_run_tags():  # a sweep's own trial
+            _note_sweep("this trains the base job as written")
     if is_worker():
         check_launched_as_asked(launch)
     elif launch.num_processes > 1 or launch.num_machines > 1:

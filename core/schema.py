@@ -6,7 +6,7 @@ see :mod:`runjob.components`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -15,6 +15,8 @@ from runjob.components import Options
 COMPONENT_TABLES = ("model", "dataset", "optimizer", "scheduler", "strategy")
 HOST_TABLES = ("job", "train", "launch", "tracking")
 TABLE_ORDER = ("job", "model", "dataset", "optimizer", "scheduler", "strategy", "train", "launch", "tracking")
+# accepted in a job file but not part of the resolved job: `runjob sweep` reads it, trials never see it
+SWEEP_TABLE = "sweep"
 # model and dataset have no default: a job must name them
 DEFAULT_COMPONENTS = {"optimizer": "adamw", "scheduler": "none", "strategy": "ddp"}
 
@@ -115,4 +117,63 @@ class LoaderOptions(Options):
     def _workers_needed(self) -> LoaderOptions:
         if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
             raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
+        return self
+
+
+class SweepRange(Options):
+    """A range to draw a sweep parameter from (random and TPE sweeps): integers when both bounds
+    are integers, else floats; ``log`` draws uniformly in log space."""
+
+    low: int | float
+    high: int | float
+    log: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers(cls, data: object) -> object:
+        for bound in ("low", "high"):
+            value = data.get(bound) if isinstance(data, dict) else None
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{bound} must be a number (got {value!r})")
+        return data
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SweepRange:
+        if not self.low < self.high:
+            raise ValueError(f"low ({self.low}) must be below high ({self.high})")
+        if self.log and self.low <= 0:
+            raise ValueError(f"log = true needs low > 0 (got low = {self.low})")
+        return self
+
+    @property
+    def integer(self) -> bool:
+        return isinstance(self.low, int) and isinstance(self.high, int)
+
+
+class SweepTable(Options):
+    """``[sweep]``: the trials ``runjob sweep`` runs. ``parameters`` maps dotted job keys to a list
+    of values to try or a :class:`SweepRange`; :mod:`runjob.validation` checks them."""
+
+    method: Literal["grid", "random", "tpe"] = "grid"
+    trials: int | None = Field(None, ge=1)
+    """The trial budget; a grid runs every combination, so it may be left out there."""
+    metric: str = Field("val/accuracy", min_length=1)
+    """A metric the trials log; its last value is the trial's result."""
+    direction: Literal["maximize", "minimize"] | None = None
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    parameters: dict[str, list[Any] | SweepRange]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _maximize_accuracy(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("direction") is None and data.get("metric", "val/accuracy") == "val/accuracy":
+            return {**data, "direction": "maximize"}
+        return data
+
+    @model_validator(mode="after")
+    def _complete(self) -> SweepTable:
+        if self.direction is None:
+            raise ValueError(f'direction is required with metric = "{self.metric}": "maximize" or "minimize"')
+        if self.trials is None and self.method != "grid":
+            raise ValueError(f'trials is required with method = "{self.method}": how many trials to run')
         return self

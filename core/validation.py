@@ -6,6 +6,7 @@ Every problem is collected (not just the first), each naming the file, line and 
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,13 @@ from runjob.schema import (
     COMPONENT_TABLES,
     DEFAULT_COMPONENTS,
     HOST_TABLES,
+    SWEEP_TABLE,
     TABLE_ORDER,
     JobTable,
     LaunchTable,
     LoaderOptions,
+    SweepRange,
+    SweepTable,
     TrackingTable,
     TrainTable,
 )
@@ -59,6 +63,8 @@ class ResolvedJob:
     optimizer: Chosen
     scheduler: Chosen
     strategy: Chosen
+    sweep: SweepTable | None = None
+    """The ``[sweep]`` table, for ``runjob sweep``; not part of the job itself (nor of ``to_dict``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved job as job-file tables; reading it back gives the same job."""
@@ -161,13 +167,14 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
     Raises :class:`JobError` with every problem found.
     """
     problems: list[Problem] = []
+    known_tables = (*TABLE_ORDER, SWEEP_TABLE)
     for table, value in raw.data.items():
-        if table not in TABLE_ORDER:
+        if table not in known_tables:
             origin = raw.origin(table)
-            close = difflib.get_close_matches(table, TABLE_ORDER, n=1)
+            close = difflib.get_close_matches(table, known_tables, n=1)
             hint = f"did you mean [{close[0]}]? " if close else ""
             what = "table" if isinstance(value, dict) else "top-level key"
-            problems.append(Problem(origin.file, table, f"unknown {what}; {hint}Job files have the tables {', '.join(TABLE_ORDER)}", origin.line))
+            problems.append(Problem(origin.file, table, f"unknown {what}; {hint}Job files have the tables {', '.join(known_tables)}", origin.line))
 
     host_tables: dict[str, Options | None] = {}
     for table in HOST_TABLES:
@@ -178,10 +185,73 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
     dataset_values = _component_table(raw, "dataset", []) or {}
     loader_values = {k: v for k, v in dataset_values.items() if k in LoaderOptions.model_fields}
     loader = _check(LoaderOptions, loader_values, "dataset", raw, problems)
+    sweep = _check_sweep(raw, problems)
 
     if problems:
         raise JobError(sorted(problems, key=lambda p: (p.file != str(raw.path), p.file, p.line or 0)))
-    return ResolvedJob(source=raw, loader=loader, **host_tables, **chosen)  # type: ignore[arg-type]
+    return ResolvedJob(source=raw, loader=loader, sweep=sweep, **host_tables, **chosen)  # type: ignore[arg-type]
+
+
+def _check_sweep(raw: RawJob, problems: list[Problem]) -> SweepTable | None:
+    """The ``[sweep]`` table checked on its own (keys, method, parameters' shapes, grid size), or
+    None when there is none. Whether each value fits the job is checked by :mod:`runjob.sweep`."""
+    if SWEEP_TABLE not in raw.data:
+        return None
+    values = _component_table(raw, SWEEP_TABLE, problems)
+    if values is None:
+        return None
+    found = len(problems)
+    parameters = _sweep_parameters(raw, values.pop("parameters", None), values.get("method", "grid"), problems)
+    table = _check(SweepTable, {**values, "parameters": parameters}, SWEEP_TABLE, raw, problems)
+    if table is not None and table.method == "grid" and table.trials is not None:
+        combinations = math.prod(len(choices) for choices in parameters.values())
+        if table.trials < combinations:
+            origin = raw.origin(f"{SWEEP_TABLE}.trials")
+            message = f"the grid has {combinations} combinations, more than trials = {table.trials}: raise trials or leave it out to run them all"
+            problems.append(Problem(origin.file, f"{SWEEP_TABLE}.trials", message, origin.line))
+    return table if len(problems) == found else None
+
+
+def _sweep_parameters(raw: RawJob, value: Any, method: Any, problems: list[Problem]) -> dict[str, list[Any] | SweepRange]:
+    """``[sweep.parameters]`` as dotted job key -> list of values or range; problems appended."""
+    where = f"{SWEEP_TABLE}.parameters"
+    origin = raw.origin(where)
+    if not isinstance(value, dict) or not value:
+        what = "required" if value is None else f"must be a non-empty table (got {value!r})"
+        problems.append(Problem(origin.file, where, f'{what}: the job keys to sweep and what to try, e.g. "optimizer.lr" = [0.1, 0.01]', origin.line))
+        return {}
+    parameters: dict[str, list[Any] | SweepRange] = {}
+    for key, spec in _flatten_parameters(value).items():
+        dotted = f"{where}.{key}"
+        origin = raw.origin(dotted)
+        if isinstance(spec, list) and spec:
+            parameters[key] = spec
+        elif isinstance(spec, dict) and spec and method == "grid":
+            message = f'a range needs method = "random" or "tpe"; a grid takes a list of values to try (got {spec!r})'
+            problems.append(Problem(origin.file, dotted, message, origin.line))
+        elif isinstance(spec, dict) and spec:
+            found: list[Problem] = []
+            checked = _check(SweepRange, spec, dotted, raw, found)
+            # keys inside an inline table have no line of their own: use the parameter's
+            problems.extend(Problem(p.file, p.key, p.message, p.line or origin.line) for p in found)
+            if checked is not None:
+                parameters[key] = checked
+        else:
+            message = f"must be a non-empty list of values to try, or a range {{ low = ..., high = ..., log = false }} (got {spec!r})"
+            problems.append(Problem(origin.file, dotted, message, origin.line))
+    return parameters
+
+
+def _flatten_parameters(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optimizer": {"lr": [...]}}`` (unquoted dotted keys) -> ``{"optimizer.lr": [...]}``;
+    a table with ``low`` or ``high`` is a range, not a level of keys."""
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict) and value and not {"low", "high"} & value.keys():
+            flat.update(_flatten_parameters(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def load_resolved(path: str | Path, overrides: list[str] | tuple[str, ...], host: PluginHost) -> ResolvedJob:
