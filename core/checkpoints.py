@@ -139,3 +139,42 @@ def compare_jobs(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[s
         blocking = any(key == m or key.startswith(m + ".") for m in MUST_MATCH) and key not in LOADER_KEYS
         (refused if blocking else allowed).append(line)
     return refused, allowed
+
+
+class BestWeights:
+    """Keeps ``OUTPUT_DIR/best/model.safetensors``: the weights at the evaluation with the best
+    ``train.best_metric`` so far, with ``best/best.json`` (metric, value, step). A resumed run
+    continues from the best recorded in the folder."""
+
+    def __init__(self, output_dir: Path, metric: str) -> None:
+        self.folder = output_dir / "best"
+        self.metric = metric
+        self.higher_is_better = metric != "val/loss"
+        self.value: float | None = None
+        self.step: int | None = None
+        saved = self.folder / "best.json"
+        if saved.is_file():
+            state = json.loads(saved.read_text(encoding="utf-8"))
+            if state.get("metric") == metric:
+                self.value, self.step = state["value"], state["step"]
+
+    def offer(self, run: Any, metrics: dict[str, float], step: int) -> bool:
+        """Save the model (on every rank: sharded models gather) when ``metrics`` beat the best."""
+        value = metrics.get(self.metric)
+        if value is None or value != value:  # missing or NaN
+            return False
+        if self.value is not None and (value <= self.value if self.higher_is_better else value >= self.value):
+            return False
+        accelerator = run.accelerator
+        accelerator.wait_for_everyone()
+        accelerator.save_model(run.model, self.folder, safe_serialization=True)
+        self.value, self.step = value, step
+        if accelerator.is_main_process:
+            state = {"metric": self.metric, "value": value, "step": step}
+            (self.folder / "best.json").write_text(json.dumps(state) + "\n", encoding="utf-8")
+        return True
+
+    def tags(self) -> dict[str, str]:
+        if self.value is None:
+            return {}
+        return {"runjob.best.metric": self.metric, "runjob.best.value": f"{self.value:.6g}", "runjob.best.step": str(self.step)}

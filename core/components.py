@@ -93,6 +93,10 @@ class DatasetSplits:
     val: Any
     num_classes: int
     classes: list[str] | None = None
+    source: str | None = None
+    """Where the data came from (a folder, a URL); recorded as the run's dataset lineage."""
+    digest: str | None = None
+    """A short fingerprint of the data's content; runjob derives one from the options when unset."""
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import sys
@@ -13,14 +14,17 @@ from typing import Any
 import tomli_w
 
 from runjob.accelerator_setup import actual_setup, build_accelerator, check_setup
-from runjob.checkpoints import Position, compare_jobs, find_checkpoint, load_checkpoint, read_state, save_checkpoint
+from runjob.checkpoints import BestWeights, Position, compare_jobs, find_checkpoint, load_checkpoint, read_state, save_checkpoint
 from runjob.errors import RunjobError, Terminated
 from runjob.outputs import choose_output_dir
 from runjob.redaction import redact_override, redact_tables
 from runjob.plugin_host import PluginHost
 from runjob.run_context import RunContext
+from runjob.provenance import dataset_lineage, git_tags, job_sources
 from runjob.tracking import Recorder, default_experiment, extra_run_tags, flatten
 from runjob.training import StopRequest, TrainingLoop, plan_schedule
+from runjob.flops import peak_flops, training_flops_per_sample
+from runjob.system_metrics import SystemMetricsSampler
 from runjob.validation import ResolvedJob
 
 
@@ -38,8 +42,12 @@ def _tags(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path
         "runjob.host": socket.gethostname(),
         "runjob.torch_version": torch.__version__,
         "runjob.accelerate_version": accelerate.__version__,
+        "runjob.cuda_version": torch.version.cuda or "none",
         **actual_setup(accelerator),
+        **git_tags(job.source.path),
     }
+    if accelerator.device.type == "cuda":
+        tags["runjob.gpu"] = torch.cuda.get_device_name(accelerator.device)
     for plugin in host.plugins:
         tags[f"runjob.plugin.{plugin.name}"] = f"{plugin.distribution} {plugin.version}"
     tags.update(redact_tables(dict(job.tracking.tags)))
@@ -54,13 +62,20 @@ def _build(job: ResolvedJob, accelerator: Any):
     with accelerator.main_process_first():  # one process downloads, the others read its copy
         splits = job.dataset.component.factory(job.dataset.options)
     model = job.model.component.factory(job.model.options)
+    flops = training_flops_per_sample(model, splits.train[0][0]) if _is_tensor(splits.train[0][0]) else None
     optimizer = job.optimizer.component.factory(model.parameters(), job.optimizer.options)
     train_loader, val_loader = make_loaders(splits, job, accelerator)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
     schedule = plan_schedule(job.train, len(train_loader))
     # Not passed through prepare: Accelerate would step it once per process per optimizer step.
     scheduler = job.scheduler.component.factory(optimizer, job.scheduler.options, schedule.total_steps)
-    return splits, model, optimizer, scheduler, train_loader, val_loader, schedule
+    return splits, model, optimizer, scheduler, train_loader, val_loader, schedule, flops
+
+
+def _is_tensor(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor)
 
 
 def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, resume: Path | bool | None = None) -> int:
@@ -86,41 +101,47 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, 
     stop = StopRequest()
     _listen_for_stop(stop, job.train.stop_signal)
 
-    recorder = Recorder(output_dir, active=accelerator.is_main_process)
-    tags = _tags(job, host, accelerator, output_dir)
+    recorder = _start_record(job, host, accelerator, output_dir, resuming=checkpoint is not None)
     if checkpoint is not None:
-        tags[f"runjob.resumed.step_{saved['step']}"] = "; ".join(changes) or "no changes"
-    run_id = recorder.start(
-        tracking=job.tracking,
-        experiment=default_experiment(job.tracking, job.job.name),
-        run_name=job.tracking.run_name or job.job.name,
-        params=flatten(redact_tables(job.to_dict())),
-        tags=tags,
-        resume_run_id=saved.get("mlflow_run_id"),
-    )
-    if checkpoint is None:
-        recorder.log_text(tomli_w.dumps(redact_tables(job.to_dict())), "job.toml")
+        recorder.set_tags({f"runjob.resumed.step_{saved['step']}": "; ".join(changes) or "no changes"})
+    run_id = recorder.run_id
     if accelerator.is_main_process:
         resumed = f", resuming {checkpoint.name}" if checkpoint is not None else ""
-        print(f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}" + (f", MLflow run {run_id}" if run_id else "") + resumed)
+        where = f", MLflow run {run_id}" if run_id and recorder.online else ", recording offline (upload later with `runjob sync`)" if job.tracking.offline else ""
+        print(f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}{where}{resumed}")
+    sampler = None
+    if job.tracking.system_metrics_interval and recorder.role != "none":
+        start_ms = recorder.record.get("start_time") or recorder.start_ms
+        sampler = SystemMetricsSampler(recorder.log_metrics, job.tracking.system_metrics_interval, job.launch.machine_rank, start_ms).start()
 
     run: RunContext | None = None
     status, error = "FINISHED", None
     try:
-        splits, model, optimizer, scheduler, train_loader, val_loader, schedule = _build(job, accelerator)
+        splits, model, optimizer, scheduler, train_loader, val_loader, schedule, flops = _build(job, accelerator)
+        recorder.log_input(dataset_lineage(job, splits), "training")
         run = RunContext(job, accelerator, model, optimizer, scheduler, train_loader, val_loader, output_dir, run_id)
         start = load_checkpoint(run, checkpoint) if checkpoint is not None else Position()
-        record = {"mlflow_run_id": run_id or saved.get("mlflow_run_id"), "job": job.to_dict()}
+        record = {"mlflow_run_id": run_id, "job": job.to_dict()}
+        best = BestWeights(output_dir, job.train.best_metric)
 
         def save(position: Position) -> None:
             save_checkpoint(run, position, job.train.keep_checkpoints, record)
 
+        def on_evaluation(metrics: dict[str, float], step: int) -> None:
+            if best.offer(run, metrics, step):
+                recorder.set_tags(best.tags())
+
+        if flops and accelerator.is_main_process:
+            recorder.set_tags({"runjob.flops_per_sample": f"{flops:.6g}"})
         host.hook.runjob_run_start(run=run)
-        TrainingLoop(run, host.hook, recorder.log_metrics, schedule, splits.num_classes, start, save, stop).fit()
+        TrainingLoop(
+            run, host.hook, recorder.log_metrics, schedule, splits.num_classes, start, save, stop, on_evaluation=on_evaluation,
+            flops_per_sample=flops, peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
+        ).fit()
         accelerator.wait_for_everyone()
         accelerator.save_model(model, output_dir, safe_serialization=True)
         if accelerator.is_main_process:
-            recorder.log_artifact(output_dir / "model.safetensors")
+            _record_outputs(recorder, job, output_dir, best, splits)
     except (KeyboardInterrupt, Terminated) as interrupt:
         status, error = "KILLED", interrupt
         raise
@@ -128,8 +149,58 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, 
         status, error = "FAILED", failure
         raise
     finally:
+        if sampler is not None:
+            sampler.stop()
         _finish(host, run, recorder, accelerator, status, error)
     return 0
+
+
+def _recording_role(accelerator: Any) -> str:
+    """The main process records the run; the first process of each other machine, its system metrics."""
+    if accelerator.is_main_process:
+        return "main"
+    return "node" if accelerator.is_local_main_process else "none"
+
+
+def _start_record(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path, resuming: bool) -> Recorder:
+    """Start the run's record on the main process and tell the other machines which run it is."""
+    recorder = Recorder(output_dir, role=_recording_role(accelerator), machine_rank=job.launch.machine_rank)
+    recorder.start(
+        tracking=job.tracking,
+        experiment=default_experiment(job.tracking, job.job.name),
+        run_name=job.tracking.run_name or job.job.name,
+        params=flatten(redact_tables(job.to_dict())),
+        tags=_tags(job, host, accelerator, output_dir),
+        resuming=resuming,
+    )
+    shared = [recorder.run_id, recorder.tracking_uri, recorder.record.get("start_time")]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        shared = broadcast_object_list(shared)
+    recorder.run_id, recorder.start_ms = shared[0], shared[2]
+    recorder.join(shared[0], shared[1], job.tracking.offline)
+    if accelerator.is_main_process and not resuming:
+        folder = output_dir / "record"
+        folder.mkdir(exist_ok=True)
+        (folder / "job.toml").write_text(tomli_w.dumps(redact_tables(job.to_dict())), encoding="utf-8")
+        (folder / "job_sources.json").write_text(json.dumps(job_sources(job), indent=1) + "\n", encoding="utf-8")
+        recorder.log_artifact(folder / "job.toml")
+        recorder.log_artifact(folder / "job_sources.json")
+    return recorder
+
+
+def _record_outputs(recorder: Recorder, job: ResolvedJob, output_dir: Path, best: BestWeights, splits: Any) -> None:
+    """Log the final weights, the best weights and the final model as an MLflow model."""
+    recorder.log_artifact(output_dir / "model.safetensors")
+    if best.value is not None:
+        recorder.log_artifact(output_dir / "best" / "model.safetensors", "best")
+        recorder.log_artifact(output_dir / "best" / "best.json", "best")
+    if job.tracking.log_model != "none":
+        from runjob.model_logging import save_mlflow_model
+
+        folder = save_mlflow_model(job, output_dir, splits)
+        recorder.log_artifact(folder, "model")
 
 
 def _resume_point(job: ResolvedJob, output_dir: Path | None, resume: Path | bool) -> tuple[Path, Path, dict[str, Any], list[str]]:

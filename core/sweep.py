@@ -305,15 +305,16 @@ class ParentRun:
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
-        from runjob.tracking import default_experiment, resolve_tracking_uri
+        from runjob.tracking import HTTP_DEFAULTS, check_reachable, default_experiment, experiment_id, resolve_tracking_uri
 
+        for key, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
         uri = resolve_tracking_uri(job.tracking.uri)
+        check_reachable(uri)
         experiment = default_experiment(job.tracking, job.job.name)
         try:
             client = MlflowClient(tracking_uri=uri)
-            found = client.get_experiment_by_name(experiment)
-            experiment_id = found.experiment_id if found else client.create_experiment(experiment)
-            run = client.create_run(experiment_id, run_name=f"{job.job.name}-sweep", tags=tags)
+            run = client.create_run(experiment_id(client, experiment), run_name=f"{job.job.name}-sweep", tags=tags)
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
             raise TrackingError(f"cannot record the sweep to MLflow at {uri} (tracking.uri): {_error_line(error)}") from None
         try:

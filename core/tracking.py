@@ -1,24 +1,36 @@
-"""Recording a run: MLflow (params, tags, metrics, artifacts, status) and ``metrics.jsonl``.
+"""Recording a run: a complete local record in the output folder, mirrored to MLflow.
 
-Only the main process records; on the others a :class:`Recorder` does nothing. Metrics are sent to
-MLflow asynchronously (one batched call per log step) so a slow tracking server never stalls the
-training loop; every metric is also appended to ``OUTPUT_DIR/metrics.jsonl``.
+Everything the run records (params, tags, every metric point, dataset lineage, artifacts, status)
+is written to the output folder first (``mlflow_run.json``, ``metrics.jsonl``, the files) and then
+sent to MLflow by one background thread, so a slow tracking server never stalls training and a
+server that goes away mid-run costs nothing: training goes on, and ``runjob sync OUTPUT_DIR``
+uploads the record later. Only the main process records the run; the first process of each other
+machine records that machine's system metrics.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from runjob.errors import TrackingError, user_message
 
-RUN_RECORD = "mlflow_run.json"  # which MLflow run this output folder belongs to
+RUN_RECORD = "mlflow_run.json"  # the run's local record: which MLflow run, params, tags, artifacts, status
 RUN_TAGS_ENV = "RUNJOB_RUN_TAGS"  # a JSON object of extra tags for the run (set by `rerun` and `sweep`)
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
+REACH_TIMEOUT_S = 5.0  # an unreachable tracking server is reported within this (twice at most)
+FINAL_UPLOAD_TIMEOUT_S = 300.0  # the longest the end of a run waits for MLflow
+# MLflow's HTTP retries default to minutes of back-off; a lost server should cost seconds.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
 
 
 def flatten(tables: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -36,91 +48,301 @@ def flatten(tables: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
-class Recorder:
-    """The run's record. ``active`` is true on the main process only."""
+def read_record(output_dir: Path) -> dict[str, Any]:
+    """The local record of the run in ``output_dir`` (``{}`` when there is none)."""
+    path = output_dir / RUN_RECORD
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
 
-    def __init__(self, output_dir: Path, active: bool) -> None:
+
+def write_record(output_dir: Path, record: dict[str, Any]) -> None:
+    """Replace the local record atomically (a crash leaves the old one or the new one)."""
+    path = output_dir / RUN_RECORD
+    partial = path.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+
+
+def check_reachable(uri: str, setting: str = "tracking.uri") -> None:
+    """Fail within seconds, with a clear message, when a tracking server does not answer.
+    ``setting`` names where the URI came from, for the message."""
+    if urllib.parse.urlparse(uri).scheme not in ("http", "https"):
+        return
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=REACH_TIMEOUT_S) as answer:
+            answer.read(100)
+    except urllib.error.HTTPError as error:
+        if error.code >= 500:
+            raise TrackingError(f"the MLflow tracking server at {uri} ({setting}) answers {url} with HTTP {error.code}") from None
+    except (OSError, ValueError) as error:
+        reason = getattr(error, "reason", error)
+        advice = (
+            "Start it, fix tracking.uri or $MLFLOW_TRACKING_URI, or set tracking.offline = true to record in the output "
+            "folder and upload later with `runjob sync OUTPUT_DIR`"
+            if setting == "tracking.uri"
+            else "Start it, or give another with --tracking-uri"
+        )
+        raise TrackingError(f"cannot reach the MLflow tracking server at {uri} ({setting}): {reason}. {advice}") from None
+
+
+def experiment_id(client: Any, name: str) -> str:
+    """The id of experiment ``name``, created when missing (another process may create it first)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            raise TrackingError(f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or choose another tracking.experiment")
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:  # noqa: BLE001 - lost a race with another process: read theirs
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+class Uploader:
+    """One background thread that sends queued MLflow calls in order. After the first failure it
+    stops sending (each later call would wait on retries too) and remembers why; the local record
+    holds everything, and ``runjob sync`` sends it later."""
+
+    def __init__(self) -> None:
+        self.failure: str | None = None
+        self.failed_at: str | None = None
+        self._calls: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._send, name="runjob-mlflow-upload", daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[[], Any], what: str) -> None:
+        self._calls.put((call, what))
+
+    def _send(self) -> None:
+        while True:
+            call, what = self._calls.get()
+            try:
+                if call is None:
+                    return
+                if self.failure is None:
+                    call()
+            except Exception as error:  # noqa: BLE001 - recorded, reported at the end of the run
+                self.failure = f"{type(error).__name__}: {_first_line(error)}"[:500]
+                self.failed_at = what
+            finally:
+                self._calls.task_done()
+
+    def close(self, timeout: float) -> bool:
+        """Send what is queued (waiting at most ``timeout`` s); true when it all went."""
+        self._calls.put((None, "close"))
+        self._thread.join(timeout)
+        return self.failure is None and not self._thread.is_alive()
+
+
+class Recorder:
+    """The run's record. ``role`` is "main" (the run), "node" (another machine's system metrics,
+    written to ``metrics.node<rank>.jsonl``) or "none"."""
+
+    def __init__(self, output_dir: Path, role: str = "main", machine_rank: int = 0) -> None:
         self.output_dir = output_dir
-        self.active = active
+        self.role = role
+        self.machine_rank = machine_rank
         self.run_id: str | None = None
+        self.tracking_uri: str | None = None
+        self.start_ms: int | None = None  # when the run began (all processes)
+        self.record: dict[str, Any] = {}
         self._metrics_file = None
+        self._client = None
+        self._uploader: Uploader | None = None
+        self._lock = threading.Lock()  # metrics come from the loop and the system-metrics thread
+
+    @property
+    def active(self) -> bool:
+        return self.role == "main"
+
+    @property
+    def online(self) -> bool:
+        return self._uploader is not None
 
     def start(
-        self, *, tracking: Any, experiment: str, run_name: str, params: dict[str, str], tags: dict[str, str], resume_run_id: str | None = None
+        self, *, tracking: Any, experiment: str, run_name: str, params: dict[str, str], tags: dict[str, str], resuming: bool = False,
     ) -> str | None:
-        """Create the MLflow run with its params and tags (or reopen ``resume_run_id``, adding the
-        tags); returns the run id (main process)."""
-        if not self.active:
+        """Write the local record and create the MLflow run with its params and tags; a resumed run
+        reopens its MLflow run (adding the tags). Returns the run id (``None`` when offline)."""
+        if self.role != "main":
             return None
-        import mlflow
+        from mlflow import MlflowClient
+        from mlflow.entities import Param, RunTag
 
-        self._metrics_file = (self.output_dir / "metrics.jsonl").open("a", encoding="utf-8")
-        uri = tracking.uri or mlflow.get_tracking_uri()
+        for key, value in HTTP_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        self.tracking_uri = resolve_tracking_uri(tracking.uri)
+        previous = read_record(self.output_dir) if resuming else {}
+        self.record = previous or {
+            "run_id": None, "tracking_uri": self.tracking_uri, "experiment": experiment, "run_name": run_name,
+            "start_time": _now_ms(), "params": params, "tags": {}, "inputs": [], "artifacts": [],
+        }
+        self.record.update(status="RUNNING", end_time=None, offline=bool(tracking.offline))
+        self.record["tags"].update(tags)
+        self._open_metrics("metrics.jsonl")
+        self.run_id = self.record.get("run_id")
+        if tracking.offline:
+            self._save()
+            return self.run_id
+        check_reachable(self.tracking_uri)
+        self._client = client = MlflowClient(tracking_uri=self.tracking_uri)
+        created = self.run_id is None
         try:
-            mlflow.set_tracking_uri(uri)
-            if resume_run_id:
-                run = mlflow.start_run(run_id=resume_run_id)
-                mlflow.set_tags(tags)
+            if created:
+                run = client.create_run(experiment_id(client, experiment), start_time=self.record["start_time"], tags=tags, run_name=run_name)
+                self.run_id = self.record["run_id"] = run.info.run_id
+                self.record["tracking_uri"] = self.tracking_uri
             else:
-                mlflow.set_experiment(experiment)
-                run = mlflow.start_run(run_name=run_name, tags=tags)
+                client.update_run(self.run_id, status="RUNNING")
+            self._save()
+            client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+            if created:  # a resumed run logged its params when it began; changes are in the tags
+                items = [Param(k, v) for k, v in self.record["params"].items()]
+                for first in range(0, len(items), 100):  # MLflow takes 100 params a call
+                    client.log_batch(self.run_id, params=items[first : first + 100])
+        except TrackingError:
+            raise
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
-            raise TrackingError(f"cannot record the run to MLflow at {uri} (tracking.uri): {type(error).__name__}: {_first_line(error)}") from None
-        self.run_id = run.info.run_id
-        record = {"run_id": self.run_id, "tracking_uri": mlflow.get_tracking_uri(), "experiment": experiment}
-        (self.output_dir / RUN_RECORD).write_text(json.dumps(record) + "\n", encoding="utf-8")
-        if resume_run_id:
-            return self.run_id  # params were logged when the run began; changes are in the tags
-        try:
-            mlflow.log_params(params)
-        except Exception as error:  # noqa: BLE001
-            self.end("FAILED", error)  # a run is never left RUNNING
-            raise TrackingError(f"MLflow at {uri} refused the run's params: {type(error).__name__}: {_first_line(error)}") from None
+            if self.run_id:
+                self._terminate_quietly("FAILED")
+            raise TrackingError(f"cannot record the run to MLflow at {self.tracking_uri} (tracking.uri): {type(error).__name__}: {_first_line(error)}") from None
+        self._uploader = Uploader()
+        if created and previous:
+            print(f"runjob: the run began offline; `runjob sync {self.output_dir}` uploads what it recorded before this resume", flush=True)
         return self.run_id
 
+    def join(self, run_id: str | None, tracking_uri: str | None, offline: bool) -> None:
+        """On another machine's first process: record system metrics into the main process's run."""
+        if self.role != "node":
+            return
+        from mlflow import MlflowClient
+
+        self.run_id, self.tracking_uri = run_id, tracking_uri
+        self._open_metrics(f"metrics.node{self.machine_rank}.jsonl")
+        if run_id and not offline:
+            self._client = MlflowClient(tracking_uri=tracking_uri)
+            self._uploader = Uploader()
+
+    def _open_metrics(self, name: str) -> None:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        self._metrics_file = (self.output_dir / name).open("a", encoding="utf-8")
+
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Record ``metrics`` at ``step``: a line each in metrics.jsonl, one async MLflow call."""
+        """Record ``metrics`` at ``step``: a line each in the metrics file, one batched MLflow call."""
+        if self._metrics_file is None:
+            return
+        timestamp = _now_ms()
+        with self._lock:
+            for key, value in metrics.items():
+                self._metrics_file.write(json.dumps({"key": key, "value": value, "step": step, "timestamp": timestamp}) + "\n")
+            self._metrics_file.flush()
+        if self.online:
+            from mlflow.entities import Metric
+
+            batch = [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
+            self._uploader.submit(lambda: self._client.log_batch(self.run_id, metrics=batch), f"metrics of step {step}")
+
+    def set_tags(self, tags: dict[str, str]) -> None:
         if not self.active:
             return
-        import mlflow
+        from mlflow.entities import RunTag
 
-        timestamp = int(time.time() * 1000)
-        for key, value in metrics.items():
-            self._metrics_file.write(json.dumps({"key": key, "value": value, "step": step, "timestamp": timestamp}) + "\n")
-        self._metrics_file.flush()
-        mlflow.log_metrics(metrics, step=step, timestamp=timestamp, synchronous=False, run_id=self.run_id)
+        self.record["tags"].update(tags)
+        self._save()
+        if self.online:
+            entities = [RunTag(k, str(v)) for k, v in tags.items()]
+            self._uploader.submit(lambda: self._client.log_batch(self.run_id, tags=entities), "tags")
 
-    def log_artifact(self, path: Path) -> None:
-        if self.active and self.run_id:
-            import mlflow
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Record the file or folder ``path`` (inside the output folder) as an artifact."""
+        if not self.active:
+            return
+        entry = {"path": str(path.relative_to(self.output_dir)), "artifact_path": artifact_path}
+        if entry not in self.record["artifacts"]:
+            self.record["artifacts"].append(entry)
+            self._save()
+        if self.online:
+            self._uploader.submit(lambda: upload_artifact(self._client, self.run_id, path, artifact_path), f"artifact {entry['path']}")
 
-            mlflow.log_artifact(str(path), run_id=self.run_id)
-
-    def log_text(self, text: str, name: str) -> None:
-        """Record ``text`` as the artifact ``name`` (e.g. the job with its secrets hidden)."""
-        if self.active and self.run_id:
-            import mlflow
-
-            mlflow.log_text(text, name, run_id=self.run_id)
+    def log_input(self, dataset: dict[str, str], context: str) -> None:
+        """Record dataset lineage (name, digest, source) as an MLflow input of the run."""
+        if not self.active:
+            return
+        entry = {**dataset, "context": context}
+        if entry not in self.record["inputs"]:
+            self.record["inputs"].append(entry)
+            self._save()
+        if self.online:
+            self._uploader.submit(lambda: log_inputs(self._client, self.run_id, [entry]), f"dataset {dataset['name']}")
 
     def end(self, status: str, error: BaseException | None = None) -> None:
-        """Flush queued metrics and close the run as FINISHED, FAILED or KILLED."""
-        if not self.active:
-            return
-        if self._metrics_file:
+        """Close the run as FINISHED, FAILED or KILLED, after everything queued has been sent."""
+        if self._metrics_file is not None:
             self._metrics_file.close()
-        if not self.run_id:
-            return
-        import mlflow
-
-        try:
+            self._metrics_file = None
+        if self.active and self.record:
             if error is not None:
                 lines = user_message(error).strip().splitlines()
-                mlflow.set_tag("runjob.error", f"{type(error).__name__}: {lines[0] if lines else ''}"[:5000])
-            mlflow.flush_async_logging()
-        finally:
-            # always close with the real status: MLflow's own exit handler would say FINISHED
-            mlflow.end_run(status=status)
+                self.set_tags({"runjob.error": f"{type(error).__name__}: {lines[0] if lines else ''}"[:5000]})
+            self.record.update(status=status, end_time=_now_ms())
+            self._save()
+            if self.online:
+                end_time = self.record["end_time"]
+                self._uploader.submit(lambda: self._client.set_terminated(self.run_id, status, end_time), "the run's end")
+        if not self.online:
+            return
+        sent = self._uploader.close(FINAL_UPLOAD_TIMEOUT_S)
+        if not sent and self.active:
+            reason = self._uploader.failure or f"still sending after {FINAL_UPLOAD_TIMEOUT_S:.0f} s"
+            self.record["unsynced"] = f"{self._uploader.failed_at or 'upload'}: {reason}"
+            self._save()
+            print(
+                f"runjob: MLflow at {self.tracking_uri} stopped taking the run's record ({self.record['unsynced']}); "
+                f"training went on and the record is complete in {self.output_dir}: upload it with "
+                f"`runjob sync {self.output_dir}`",
+                flush=True,
+            )
+
+    def _save(self) -> None:
+        if self.active:
+            write_record(self.output_dir, self.record)
+
+    def _terminate_quietly(self, status: str) -> None:
+        try:
+            self._client.set_terminated(self.run_id, status)
+        except Exception:  # noqa: BLE001 - already reporting the error that matters
+            pass
+
+
+def upload_artifact(client: Any, run_id: str, path: Path, artifact_path: str | None) -> None:
+    """Upload a file or a folder's contents as an artifact of ``run_id``."""
+    if path.is_dir():
+        client.log_artifacts(run_id, str(path), artifact_path)
+    else:
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+def log_inputs(client: Any, run_id: str, entries: list[dict[str, str]]) -> None:
+    """Log recorded dataset lineage entries as MLflow dataset inputs."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = [
+        DatasetInput(
+            Dataset(name=e["name"], digest=e["digest"], source_type=e["source_type"], source=e["source"], profile=e.get("profile")),
+            tags=[InputTag("mlflow.data.context", e["context"])],
+        )
+        for e in entries
+    ]
+    client.log_inputs(run_id, datasets=inputs)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def _first_line(error: BaseException) -> str:

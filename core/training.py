@@ -140,11 +140,14 @@ class StopRequest:
 
 class TrainingLoop:
     """Runs the schedule from ``start``, logging through ``record(metrics, step)``, calling the
-    event hooks, writing checkpoints through ``checkpoint(position)`` and honouring ``stop``."""
+    event hooks, writing checkpoints through ``checkpoint(position)`` and honouring ``stop``.
+    ``on_evaluation(metrics, step)`` runs on every process after each evaluation. With
+    ``flops_per_sample`` the loop reports model TFLOP/s, and with ``peak_flops`` (per process) MFU."""
 
     def __init__(
         self, run: RunContext, hooks: Any, record: Any, schedule: Schedule, num_classes: int,
         start: Position | None = None, checkpoint: Any = None, stop: StopRequest | None = None,
+        on_evaluation: Any = None, flops_per_sample: float | None = None, peak_flops: float | None = None,
     ) -> None:
         self.run = run
         self.hooks = hooks
@@ -155,6 +158,9 @@ class TrainingLoop:
         self.step = self.start.step
         self.checkpoint = checkpoint or (lambda position: None)
         self.stop = stop or StopRequest()
+        self.on_evaluation = on_evaluation or (lambda metrics, step: None)
+        self.flops_per_sample = flops_per_sample
+        self.peak_flops = peak_flops
         self.nonfinite = NonFiniteGuard(run.job.train.on_nonfinite, run.accelerator.device)
         self.last_metrics: dict[str, float] = {}
 
@@ -183,6 +189,7 @@ class TrainingLoop:
             train_metrics = self._train_epoch(epoch, skip)
             val_metrics = evaluate(self.run)
             self.record(val_metrics, self.step)
+            self.on_evaluation(val_metrics, self.step)
             self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=val_metrics)
             self.last_metrics.update(train_metrics)
             self.last_metrics.update(val_metrics)
@@ -288,12 +295,14 @@ class TrainingLoop:
             "lr": float(self.run.optimizer.param_groups[0]["lr"]),
             "train/samples_per_s": samples * accelerator.num_processes / elapsed,
         }
+        if self.flops_per_sample:
+            achieved = metrics["train/samples_per_s"] * self.flops_per_sample
+            metrics["train/tflops"] = achieved / 1e12
+            if self.peak_flops:
+                metrics["train/mfu"] = achieved / (self.peak_flops * accelerator.num_processes)
         if self.run.job.train.on_nonfinite == "skip":
             metrics["train/nonfinite_skipped"] = float(self.nonfinite.skipped)
-        if accelerator.device.type == "cuda":
-            import torch
-
-            metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(accelerator.device) / 2**30
+        metrics.update(_peak_memory(accelerator.device))
         self.record(metrics, self.step)
         if accelerator.is_main_process:
             self.hooks.runjob_after_log(run=self.run, step=self.step, metrics=metrics)
@@ -303,3 +312,14 @@ class TrainingLoop:
         shown = "  ".join(f"{k} {v:.4g}" for k, v in self.last_metrics.items() if k != "lr")
         if self.run.accelerator.is_main_process:
             print(f"epoch {epoch + 1}/{self.schedule.epochs}  step {self.step}  {shown}  ({seconds:.1f} s)")
+
+
+def _peak_memory(device: Any) -> dict[str, float]:
+    """Peak memory so far: the device's allocations on CUDA, else this process's resident set."""
+    if device.type == "cuda":
+        import torch
+
+        return {"train/peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    import resource
+
+    return {"train/peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # KiB on Linux

@@ -9,6 +9,7 @@ for the ``imagefolder`` dataset.
 from __future__ import annotations
 
 import argparse
+import hashlib
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -62,6 +63,8 @@ def build_digits(options: DigitsOptions) -> DatasetSplits:
         val=TensorDataset(images[val_idx], labels[val_idx]),
         num_classes=10,
         classes=[str(d) for d in range(10)],
+        source="sklearn.datasets.load_digits",
+        digest=hashlib.sha256(images.numpy().tobytes() + labels.numpy().tobytes()).hexdigest()[:16],
     )
 
 

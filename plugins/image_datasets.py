@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from pathlib import Path
 
 from pydantic import Field, ValidationInfo, field_validator
@@ -111,7 +113,24 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
         ) from None
     except Exception as error:  # a corrupt pickle batch
         raise DataError(f"cannot read CIFAR-10 from {folder}: {type(error).__name__}: {error}") from None
-    return DatasetSplits(train=train, val=val, num_classes=len(train.classes), classes=list(train.classes))
+    return DatasetSplits(
+        train=train, val=val, num_classes=len(train.classes), classes=list(train.classes), source=str(folder.resolve()), digest=_cifar_digest(train, val),
+    )
+
+
+def _cifar_digest(train, val) -> str:
+    """The md5 sums of the batch files: torchvision's list when it checked them, else read here."""
+    sums = []
+    for dataset, files in ((train, train.train_list), (val, val.test_list)):
+        for name, md5 in files:
+            sums.append(md5 or hashlib.md5((Path(dataset.root) / dataset.base_folder / name).read_bytes()).hexdigest())
+    return hashlib.sha256(" ".join(sums).encode()).hexdigest()[:16]
+
+
+def _listing_digest(root: Path) -> str:
+    """A fingerprint of an image folder: every file's path (relative to root) and size."""
+    entries = sorted(f"{p.relative_to(root).as_posix()}:{p.stat().st_size}" for p in root.rglob("*") if p.is_file())
+    return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
 def _read_image(path: str):
@@ -137,7 +156,9 @@ def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
         val = datasets.ImageFolder(str(root / "val"), transform=transforms.Compose(resize + tail), loader=_read_image)
     except FileNotFoundError as error:  # a class folder without any image
         raise DataError(f"{error} (dataset.root = {root})") from None
-    return DatasetSplits(train=train, val=val, num_classes=len(train.classes), classes=list(train.classes))
+    return DatasetSplits(
+        train=train, val=val, num_classes=len(train.classes), classes=list(train.classes), source=str(root.resolve()), digest=_listing_digest(root),
+    )
 
 
 class SyntheticOptions(Options):

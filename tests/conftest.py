@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +70,56 @@ def runjob_cli(tmp_path, empty_mlflow_db):
         return Result(proc.returncode, proc.stdout, proc.stderr)
 
     return run
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_mlflow_server(folder: Path, port: int | None = None):
+    """A real ``mlflow server`` on 127.0.0.1 keeping its database and artifacts in ``folder``;
+    yields its URL and stops it on exit. The same folder and port may be served again later."""
+    port = port or free_port()
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+        "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination", str(folder / "artifacts"),
+        "--workers", "1",
+    ]
+    log = folder / "server.log"  # a file, not a pipe: a full pipe would stall the server
+    server = subprocess.Popen(command, cwd=folder, stdout=subprocess.DEVNULL, stderr=log.open("ab"), start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"mlflow server did not start: {log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real ``mlflow server`` with its own database and artifact store; stopped afterwards."""
+    with running_mlflow_server(tmp_path / "server") as url:
+        yield url
 
 
 def write_job(path: Path, text: str) -> Path:

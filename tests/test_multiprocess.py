@@ -188,6 +188,8 @@ def test_two_simulated_machines_make_one_job(tmp_path, check_site):
     assert run.info.status == "FINISHED"
     assert (run.data.tags["runjob.world_size"], run.data.tags["runjob.num_machines"]) == ("2", "2")
     assert lines(tmp_path / "params-0.jsonl") == lines(tmp_path / "params-1.jsonl")
+    # each machine's system metrics reach the one run, named apart
+    assert {"system/node0/cpu_utilization_percentage", "system/node1/cpu_utilization_percentage"} <= set(run.data.metrics)
 
 
 def test_a_dead_worker_stops_the_whole_job_which_then_resumes(tmp_path, check_site):

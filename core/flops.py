@@ -1,0 +1,61 @@
+"""Model FLOPs per trained sample (PyTorch's own FLOP counter) and the device's peak, for MFU.
+
+The count runs once per run on a copy of the model on the ``meta`` device: no memory, no time on
+the real device, and the model's own state (weights, BatchNorm statistics, RNG) is untouched.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+# Dense bf16/fp16 tensor-core peak TFLOP/s from the vendors' data sheets, by a substring of
+# torch.cuda.get_device_name(). Longer names first, so "H100 PCIe" wins over "H100".
+PEAK_TFLOPS = (
+    ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100", 989.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+    ("A10G", 125.0),
+    ("A10", 125.0),
+    ("V100", 125.0),
+    ("RTX 4090", 165.0),
+)
+
+
+def training_flops_per_sample(model: Any, sample: Any) -> float | None:
+    """FLOPs of one forward and backward pass per sample, for a model fed inputs like ``sample``
+    (one sample, without the batch dimension); ``None`` when the model cannot be counted."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = 2  # BatchNorm needs more than one sample in training mode
+    try:
+        meta_model = copy.deepcopy(model).to("meta")
+        meta_model.train()
+        inputs = torch.empty((batch, *tuple(sample.shape)), dtype=sample.dtype, device="meta")
+        counter = FlopCounterMode(display=False)
+        with counter:
+            meta_model(inputs).float().sum().backward()
+        total = counter.get_total_flops()
+    except Exception:  # noqa: BLE001 - a model the counter can't trace just has no MFU
+        return None
+    return total / batch if total else None
+
+
+def peak_flops(device: Any, mixed_precision: str, configured_tflops: float | None) -> float | None:
+    """The device's peak FLOP/s: ``train.peak_tflops`` when set, else the table for bf16/fp16 on a
+    known GPU; ``None`` when unknown (MFU is then not reported)."""
+    if configured_tflops:
+        return configured_tflops * 1e12
+    if device.type != "cuda" or mixed_precision not in ("bf16", "fp16"):
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name(device)
+    for fragment, tflops in PEAK_TFLOPS:
+        if fragment in name:
+            return tflops * 1e12
+    return None

@@ -1,0 +1,51 @@
+"""The final model as an MLflow model, loadable with ``mlflow.pytorch.load_model("runs:/ID/model")``.
+
+The model is built afresh from the job and given the saved final weights, so it is a plain
+``nn.Module`` on the CPU whatever wrapped it during training (DDP, FSDP, DeepSpeed, compile).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import TrainingError
+
+MODEL_FOLDER = "mlflow_model"
+
+
+def save_mlflow_model(job: Any, output_dir: Path, splits: Any) -> Path:
+    """Write the MLflow model of the run's final weights to ``OUTPUT_DIR/mlflow_model``."""
+    import mlflow.pytorch
+    import torch
+    import torchvision
+    from accelerate.utils import load_checkpoint_in_model
+
+    model = job.model.component.factory(job.model.options)
+    load_checkpoint_in_model(model, str(output_dir))
+    model.eval()
+    folder = output_dir / MODEL_FOLDER
+    shutil.rmtree(folder, ignore_errors=True)
+    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"torchvision=={torchvision.__version__.split('+')[0]}"]
+    example = splits.val[0][0].unsqueeze(0)
+    if job.tracking.log_model == "pickle":
+        # MLflow warns on every pickle save; runjob's docs say what pickle means (README, tracking.log_model)
+        logger = logging.getLogger("mlflow.pytorch")
+        level = logger.level
+        logger.setLevel(logging.ERROR)
+        try:
+            mlflow.pytorch.save_model(model, str(folder), serialization_format="pickle", pip_requirements=requirements)
+        finally:
+            logger.setLevel(level)
+        return folder
+    try:
+        mlflow.pytorch.save_model(model, str(folder), input_example=example.numpy(), pip_requirements=requirements)
+    except Exception as error:  # noqa: BLE001 - torch.export refuses some models: say so, don't fall back
+        first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+        raise TrainingError(
+            f"tracking.log_model = 'pt2': torch.export could not export model {job.model.name!r} ({first}); "
+            "the weights are saved in model.safetensors. Use tracking.log_model = 'pickle' (or 'none')"
+        ) from None
+    return folder

@@ -1,0 +1,79 @@
+"""Where a run came from: each job value's source, and the job file's git commit."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from runjob.jobfile import OVERRIDE_SOURCE
+from runjob.redaction import redact_tables
+from runjob.tracking import flatten
+
+
+def job_sources(job: Any) -> dict[str, dict[str, Any]]:
+    """For every dotted key of the resolved job: its value (secrets hidden) and where it came from:
+    ``{"from": "job file" | "extends" | "--set" | "default", "file": ..., "line": ...}``."""
+    main_file = str(job.source.path)
+    sources: dict[str, dict[str, Any]] = {}
+    for key, value in flatten(redact_tables(job.to_dict())).items():
+        origin = job.source.origins.get(key)
+        if origin is None:
+            sources[key] = {"value": value, "from": "default"}
+        elif origin.file == OVERRIDE_SOURCE:
+            sources[key] = {"value": value, "from": "--set"}
+        else:
+            kind = "job file" if origin.file == main_file else "extends"
+            sources[key] = {"value": value, "from": kind, "file": str(Path(origin.file).resolve()), "line": origin.line}
+    return sources
+
+
+def git_tags(job_file: Path) -> dict[str, str]:
+    """The commit (and whether the tree has uncommitted changes) of the git repository holding
+    ``job_file``, as MLflow's standard source tags; empty when it isn't in one."""
+    folder = job_file.resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {}
+    tags = {"mlflow.source.git.commit": commit, "runjob.git.dirty": "true" if git("status", "--porcelain") else "false"}
+    remote = git("config", "--get", "remote.origin.url")
+    if remote:
+        from runjob.redaction import redact_text
+
+        tags["mlflow.source.git.repoURL"] = redact_text(remote)
+    branch = git("rev-parse", "--abbrev-ref", "HEAD")
+    if branch and branch != "HEAD":
+        tags["mlflow.source.git.branch"] = branch
+    return tags
+
+
+def dataset_lineage(job: Any, splits: Any) -> dict[str, str]:
+    """The dataset as an MLflow input: name, digest, source and a small profile. A plugin's own
+    ``source``/``digest`` win; otherwise the digest fingerprints the dataset's options and sizes."""
+    import hashlib
+    import json
+
+    from runjob.components import DatasetSplits
+
+    assert isinstance(splits, DatasetSplits)
+    options = job.to_dict()["dataset"]
+    sizes = {"train_samples": len(splits.train), "val_samples": len(splits.val), "num_classes": splits.num_classes}
+    digest = splits.digest or hashlib.sha256(json.dumps([options, sizes], sort_keys=True).encode()).hexdigest()[:16]
+    root = options.get("root")
+    source = splits.source or (str(Path(root).resolve()) if root else f"runjob:{job.dataset.name}")
+    kind = "local" if source.startswith("/") else ("http" if source.startswith(("http://", "https://")) else "code")
+    return {
+        "name": job.dataset.name,
+        "digest": digest,
+        "source_type": kind,
+        "source": json.dumps({"uri": source}),
+        "profile": json.dumps(sizes),
+    }

@@ -1,0 +1,69 @@
+"""Parts of the run's record, checked in-process: where each value came from, FLOP counting, the
+local metric record that `runjob sync` reads, and a tracking server that is not there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import free_port, write_job
+from runjob.errors import RunjobError, TrackingError
+from runjob.plugin_host import load_plugins
+from runjob.provenance import job_sources
+from runjob.validation import load_resolved
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_job_sources_name_the_file_line_base_override_or_default(tmp_path):
+    write_job(tmp_path / "base.toml", '[job]\nname = "src"\n[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n[tracking]\nuri = "https://me:pw@host"\n')
+    write_job(tmp_path / "job.toml", 'extends = "base.toml"\n[optimizer]\nname = "sgd"\nlr = 0.2\n')
+    job = load_resolved(tmp_path / "job.toml", ["train.batch_size=8"], load_plugins())
+    sources = job_sources(job)
+    assert sources["optimizer.lr"] == {"value": "0.2", "from": "job file", "file": str(tmp_path / "job.toml"), "line": 4}
+    assert sources["model.name"] == {"value": "resnet18", "from": "extends", "file": str(tmp_path / "base.toml"), "line": 4}
+    assert sources["train.batch_size"] == {"value": "8", "from": "--set"}
+    assert sources["train.log_every"] == {"value": "10", "from": "default"}
+    assert sources["tracking.uri"]["value"] == "https://me:***@host", "secrets never leave the machine"
+    assert set(sources) == set(json.loads(json.dumps(sources)))
+
+
+def test_flops_are_counted_without_touching_the_model():
+    import torch
+
+    from runjob.flops import training_flops_per_sample
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    # forward: 8*4 multiply-adds = 64 FLOPs; backward: the weight gradient, as many again (the
+    # input needs no gradient); BatchNorm's elementwise work is not counted
+    assert training_flops_per_sample(model, torch.zeros(8)) == pytest.approx(4 * 8 * 4, rel=0.01)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before), "BatchNorm statistics or weights changed"
+    assert next(model.parameters()).grad is None and next(model.parameters()).device.type == "cpu"
+
+
+def test_sync_reads_every_point_and_leaves_out_only_a_torn_last_line(tmp_path):
+    from runjob.sync import read_metric_points
+
+    lines = [json.dumps({"key": "train/loss", "value": 1.0 / s, "step": s, "timestamp": 1000 + s}) for s in range(1, 4)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"key": "train/lo')
+    (tmp_path / "metrics.node1.jsonl").write_text(json.dumps({"key": "system/node1/cpu", "value": 5.0, "step": 0, "timestamp": 9}) + "\n")
+    points = read_metric_points(tmp_path)
+    assert [(p["key"], p["step"]) for p in points] == [("train/loss", 1), ("train/loss", 2), ("train/loss", 3), ("system/node1/cpu", 0)]
+    (tmp_path / "metrics.jsonl").write_text("garbage\n" + "\n".join(lines) + "\n")
+    with pytest.raises(RunjobError, match=r"metrics.jsonl:1: not a metric record"):
+        read_metric_points(tmp_path)
+
+
+def test_a_tracking_server_that_is_not_there_is_named_with_the_way_out():
+    from runjob.tracking import check_reachable
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(TrackingError) as refused:
+        check_reachable(uri)
+    message = str(refused.value)
+    assert f"cannot reach the MLflow tracking server at {uri} (tracking.uri)" in message
+    assert "tracking.offline = true" in message and "runjob sync" in message
+    check_reachable("sqlite:///nowhere/mlflow.db")  # only servers are asked; stores fail on their own
