@@ -1,12 +1,12 @@
 """Model FLOPs per trained sample (PyTorch's own FLOP counter) and the device's peak, for MFU.
 
-The count runs once per run on a copy of the model on the ``meta`` device: no memory, no time on
-the real device, and the model's own state (weights, BatchNorm statistics, RNG) is untouched.
+The count runs once per run, at the first batch (for its shape), on a second instance of the model
+built on the ``meta`` device: no memory, no time on the real device, no extra read of the data,
+and the model's own state (weights, BatchNorm statistics, RNG) is untouched.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 # Dense bf16/fp16 tensor-core peak TFLOP/s from the vendors' data sheets, by a substring of
@@ -25,17 +25,30 @@ PEAK_TFLOPS = (
 )
 
 
-def training_flops_per_sample(model: Any, sample: Any) -> float | None:
-    """FLOPs of one forward and backward pass per sample, for a model fed inputs like ``sample``
-    (one sample, without the batch dimension); ``None`` when the model cannot be counted."""
+def meta_model(build: Any) -> Any:
+    """The model ``build()`` makes, made on the ``meta`` device (shapes only: no memory, no
+    initialisation work); ``None`` when it can't be made there."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            return build()
+    except Exception:  # noqa: BLE001 - a model that insists on real tensors just has no MFU
+        return None
+
+
+def training_flops_per_sample(meta_model: Any, sample_shape: tuple[int, ...], dtype: Any) -> float | None:
+    """FLOPs of one forward and backward pass per sample of shape ``sample_shape`` (without the
+    batch dimension), counted on a :func:`meta_model`; ``None`` when the model cannot be counted."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
+    if meta_model is None:
+        return None
     batch = 2  # BatchNorm needs more than one sample in training mode
     try:
-        meta_model = copy.deepcopy(model).to("meta")
         meta_model.train()
-        inputs = torch.empty((batch, *tuple(sample.shape)), dtype=sample.dtype, device="meta")
+        inputs = torch.empty((batch, *sample_shape), dtype=dtype, device="meta")
         counter = FlopCounterMode(display=False)
         with counter:
             meta_model(inputs).float().sum().backward()

@@ -23,7 +23,7 @@ from runjob.run_context import RunContext
 from runjob.provenance import dataset_lineage, git_tags, job_sources
 from runjob.tracking import Recorder, default_experiment, extra_run_tags, flatten
 from runjob.training import StopRequest, TrainingLoop, plan_schedule
-from runjob.flops import peak_flops, training_flops_per_sample
+from runjob.flops import meta_model, peak_flops, training_flops_per_sample
 from runjob.system_metrics import SystemMetricsSampler
 from runjob.validation import ResolvedJob
 
@@ -62,20 +62,14 @@ def _build(job: ResolvedJob, accelerator: Any):
     with accelerator.main_process_first():  # one process downloads, the others read its copy
         splits = job.dataset.component.factory(job.dataset.options)
     model = job.model.component.factory(job.model.options)
-    flops = training_flops_per_sample(model, splits.train[0][0]) if _is_tensor(splits.train[0][0]) else None
+    shapes_only = meta_model(lambda: job.model.component.factory(job.model.options))  # FLOPs, counted at the first batch
     optimizer = job.optimizer.component.factory(model.parameters(), job.optimizer.options)
     train_loader, val_loader = make_loaders(splits, job, accelerator)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
     schedule = plan_schedule(job.train, len(train_loader))
     # Not passed through prepare: Accelerate would step it once per process per optimizer step.
     scheduler = job.scheduler.component.factory(optimizer, job.scheduler.options, schedule.total_steps)
-    return splits, model, optimizer, scheduler, train_loader, val_loader, schedule, flops
-
-
-def _is_tensor(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor)
+    return splits, model, optimizer, scheduler, train_loader, val_loader, schedule, shapes_only
 
 
 def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, resume: Path | bool | None = None) -> int:
@@ -117,7 +111,7 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, 
     run: RunContext | None = None
     status, error = "FINISHED", None
     try:
-        splits, model, optimizer, scheduler, train_loader, val_loader, schedule, flops = _build(job, accelerator)
+        splits, model, optimizer, scheduler, train_loader, val_loader, schedule, shapes_only = _build(job, accelerator)
         recorder.log_input(dataset_lineage(job, splits), "training")
         run = RunContext(job, accelerator, model, optimizer, scheduler, train_loader, val_loader, output_dir, run_id)
         start = load_checkpoint(run, checkpoint) if checkpoint is not None else Position()
@@ -131,12 +125,16 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, 
             if best.offer(run, metrics, step):
                 recorder.set_tags(best.tags())
 
-        if flops and accelerator.is_main_process:
-            recorder.set_tags({"runjob.flops_per_sample": f"{flops:.6g}"})
+        def count_flops(inputs: Any) -> float | None:
+            flops = training_flops_per_sample(shapes_only, tuple(inputs.shape[1:]), inputs.dtype)
+            if flops:
+                recorder.set_tags({"runjob.flops_per_sample": f"{flops:.6g}"})
+            return flops
+
         host.hook.runjob_run_start(run=run)
         TrainingLoop(
             run, host.hook, recorder.log_metrics, schedule, splits.num_classes, start, save, stop, on_evaluation=on_evaluation,
-            flops_per_sample=flops, peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
+            count_flops=count_flops, peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
         ).fit()
         accelerator.wait_for_everyone()
         accelerator.save_model(model, output_dir, safe_serialization=True)

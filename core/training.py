@@ -142,12 +142,13 @@ class TrainingLoop:
     """Runs the schedule from ``start``, logging through ``record(metrics, step)``, calling the
     event hooks, writing checkpoints through ``checkpoint(position)`` and honouring ``stop``.
     ``on_evaluation(metrics, step)`` runs on every process after each evaluation. With
-    ``flops_per_sample`` the loop reports model TFLOP/s, and with ``peak_flops`` (per process) MFU."""
+    ``count_flops(first_inputs) -> FLOPs per sample`` the loop reports model TFLOP/s, and with
+    ``peak_flops`` (per process) MFU."""
 
     def __init__(
         self, run: RunContext, hooks: Any, record: Any, schedule: Schedule, num_classes: int,
         start: Position | None = None, checkpoint: Any = None, stop: StopRequest | None = None,
-        on_evaluation: Any = None, flops_per_sample: float | None = None, peak_flops: float | None = None,
+        on_evaluation: Any = None, count_flops: Any = None, peak_flops: float | None = None,
     ) -> None:
         self.run = run
         self.hooks = hooks
@@ -159,7 +160,8 @@ class TrainingLoop:
         self.checkpoint = checkpoint or (lambda position: None)
         self.stop = stop or StopRequest()
         self.on_evaluation = on_evaluation or (lambda metrics, step: None)
-        self.flops_per_sample = flops_per_sample
+        self.count_flops = count_flops
+        self.flops_per_sample: float | None = None
         self.peak_flops = peak_flops
         self.nonfinite = NonFiniteGuard(run.job.train.on_nonfinite, run.accelerator.device)
         self.last_metrics: dict[str, float] = {}
@@ -236,6 +238,8 @@ class TrainingLoop:
         try:
             for inputs, targets in batches:
                 with accelerator.accumulate(model):
+                    if self.count_flops is not None and hasattr(inputs, "shape"):
+                        self.flops_per_sample, self.count_flops = self.count_flops(inputs), None
                     if self.step == 0 and batches_done == 0 and epoch == 0:
                         logits = _first_forward(model, inputs, job)
                         check_first_batch(logits, self.num_classes, job.model.name, job.dataset.name)

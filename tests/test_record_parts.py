@@ -29,19 +29,27 @@ def test_job_sources_name_the_file_line_base_override_or_default(tmp_path):
     assert set(sources) == set(json.loads(json.dumps(sources)))
 
 
-def test_flops_are_counted_without_touching_the_model():
+def test_flops_are_counted_on_a_shapes_only_model():
     import torch
 
-    from runjob.flops import training_flops_per_sample
+    from runjob.flops import meta_model, training_flops_per_sample
 
-    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
+    def build():
+        return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+
+    rng = torch.get_rng_state()
+    shapes_only = meta_model(build)
+    assert next(shapes_only.parameters()).device.type == "meta"
+    assert torch.equal(rng, torch.get_rng_state()), "building it must not move the seeded random stream"
     # forward: 8*4 multiply-adds = 64 FLOPs; backward: the weight gradient, as many again (the
     # input needs no gradient); BatchNorm's elementwise work is not counted
-    assert training_flops_per_sample(model, torch.zeros(8)) == pytest.approx(4 * 8 * 4, rel=0.01)
-    after = model.state_dict()
-    assert all(torch.equal(before[k], after[k]) for k in before), "BatchNorm statistics or weights changed"
-    assert next(model.parameters()).grad is None and next(model.parameters()).device.type == "cpu"
+    assert training_flops_per_sample(shapes_only, (8,), torch.float32) == pytest.approx(4 * 8 * 4, rel=0.01)
+    assert training_flops_per_sample(meta_model(lambda: torch.nn.Linear(8, 4)), (5,), torch.float32) is None  # wrong shape: no count
+    import torchvision
+
+    resnet = meta_model(lambda: torchvision.models.resnet18(num_classes=10))
+    # ~0.037 GMAC forward on 32x32 (shared/TRAPS.md): 2 FLOPs a MAC, backward about twice forward
+    assert training_flops_per_sample(resnet, (3, 32, 32), torch.float32) == pytest.approx(6 * 0.037e9, rel=0.15)
 
 
 def test_sync_reads_every_point_and_leaves_out_only_a_torn_last_line(tmp_path):

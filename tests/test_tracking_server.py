@@ -120,7 +120,7 @@ def test_a_run_carries_its_complete_record(runjob_cli, tmp_path, mlflow_server):
         assert torch.equal(logged.eval()(images), reference.eval()(images))
 
 
-def test_server_down_at_start_is_an_error_unless_offline_and_sync_uploads_later(runjob_cli, tmp_path):
+def test_server_down_at_start_is_an_error_unless_offline_and_sync_uploads_later(runjob_cli, tmp_path, empty_mlflow_db):
     from mlflow import MlflowClient
 
     port = free_port()
@@ -137,7 +137,7 @@ def test_server_down_at_start_is_an_error_unless_offline_and_sync_uploads_later(
     out = tmp_path / "out"
     assert json.loads((out / "mlflow_run.json").read_text())["run_id"] is None
 
-    with running_mlflow_server(tmp_path / "server", port):
+    with running_mlflow_server(tmp_path / "server", port, empty_mlflow_db):
         for _ in range(2):  # syncing again changes nothing
             synced = runjob_cli("sync", "out")
             assert synced.returncode == 0, synced.stderr[-3000:]
@@ -160,7 +160,7 @@ def test_server_lost_mid_run_training_goes_on_and_sync_restores_every_point(tmp_
     out = tmp_path / "out"
     env = clean_env(tmp_path)
     command = [sys.executable, "-m", "runjob", "job.toml", "--set", "train.max_steps=60", "--set", "train.log_every=1", "--output-dir", "out"]
-    with running_mlflow_server(tmp_path / "server", port):
+    with running_mlflow_server(tmp_path / "server", port, empty_mlflow_db):
         proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
             deadline = time.monotonic() + 120
