@@ -1,0 +1,187 @@
+"""Shared pieces of the hand-run benchmarks (not part of the test suite).
+
+Each benchmark runs its contestants interleaved (A B A B ...), one subprocess per repetition, so
+machine noise and drift hit every contestant alike; it reports medians and ratios and writes its
+raw numbers, with the machine and its load, to ``benchmarks/<name>.json``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+RESULT_MARK = "BENCH-RESULT "  # a worker's last line: this mark, then its numbers as JSON
+
+TIMER_PLUGIN = '''
+"""Benchmark timer: a runjob plugin that notes when each optimizer step ends."""
+import os
+import time
+
+from runjob import hookimpl
+
+IMPORTED_AT = time.time()
+STEP_TIMES = []      # time.perf_counter() after each optimizer step
+EVENTS = {"plugin_imported": IMPORTED_AT}
+PROFILER = None      # a cProfile.Profile to stop and save at the first step
+_WINDOW = None       # RUNJOB_BENCH_PROFILE="FIRST:LAST:FILE": cProfile from step FIRST to step LAST
+
+
+def profile_window(step):
+    """Profile the steps FIRST+1..LAST (the hand-written loop calls this too)."""
+    global _WINDOW
+    if not os.environ.get("RUNJOB_BENCH_PROFILE"):
+        return
+    first, last, path = os.environ["RUNJOB_BENCH_PROFILE"].split(":", 2)
+    if step == int(first):
+        import cProfile
+
+        _WINDOW = cProfile.Profile()
+        _WINDOW.enable()
+    elif step == int(last) and _WINDOW is not None:
+        _WINDOW.disable()
+        _WINDOW.dump_stats(path)
+
+
+@hookimpl
+def runjob_run_start(run):
+    EVENTS["run_start"] = time.time()
+
+
+@hookimpl
+def runjob_after_step(run, step, epoch, loss):
+    STEP_TIMES.append(time.perf_counter())
+    profile_window(step)
+    if step == 1 and os.environ.get("RUNJOB_BENCH_FIRST_STEP_FILE"):
+        EVENTS["first_step"] = time.time()
+        with open(os.environ["RUNJOB_BENCH_FIRST_STEP_FILE"], "w") as file:
+            file.write(repr(EVENTS))
+        if PROFILER is not None:  # set by benchmarks/startup.py's profiled run
+            PROFILER.disable()
+            PROFILER.dump_stats(os.environ["RUNJOB_BENCH_FIRST_STEP_FILE"] + ".prof")
+        if os.environ.get("RUNJOB_BENCH_EXIT_AFTER_FIRST_STEP"):
+            os._exit(0)
+'''
+
+
+def make_timer_plugin(root: Path) -> Path:
+    """Lay out the timer plugin as an installed distribution in ``root`` (dist-info with a
+    ``runjob`` entry point, as tests/conftest.py's make_plugin_dist does); put ``root`` on
+    ``sys.path`` or ``PYTHONPATH`` and runjob loads it like any plugin. Named to load last."""
+    info = root / "runjob_bench_timer-0.0.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runjob-bench-timer\nVersion: 0.0.0\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[runjob]\nzzz_bench_timer = runjob_bench_timer\n", encoding="utf-8")
+    (root / "runjob_bench_timer.py").write_text(textwrap.dedent(TIMER_PLUGIN).lstrip(), encoding="utf-8")
+    return root
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """Date, CPU, cores, load average and versions: written next to every result."""
+    versions = {}
+    for name in ("torch", "torchvision", "accelerate", "mlflow"):
+        try:
+            from importlib.metadata import version
+
+            versions[name] = version(name)
+        except Exception:  # noqa: BLE001 - a missing package is just not listed
+            pass
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "core", "plugins"], cwd=REPO, capture_output=True, text=True).stdout.strip())
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "load_avg_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "versions": versions,
+        "git": f"{commit}{' (core/ or plugins/ modified)' if dirty else ''}",
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+    }
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """Environment for a worker with ``threads`` torch threads (0: torch's default)."""
+    return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}
+
+
+def load_now() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def steady_rate(step_times: list[float], warmup: int, batch: int) -> dict[str, float]:
+    """Samples/s over the steps after ``warmup`` (from the end of step ``warmup`` to the last), and
+    the median step time in that window."""
+    window = step_times[warmup - 1 :] if warmup else step_times
+    steps = len(window) - 1
+    if steps < 1:
+        raise RuntimeError(f"too few steps timed ({len(step_times)}) for {warmup} warm-up steps")
+    seconds = window[-1] - window[0]
+    durations = [b - a for a, b in zip(window, window[1:])]
+    return {"samples_per_s": steps * batch / seconds, "median_step_ms": 1000 * median(durations), "steps_timed": steps}
+
+
+def run_worker(args: list[str], env: dict[str, str] | None = None, timeout: float = 1800) -> dict[str, Any]:
+    """Run ``python <args>`` and return the JSON its last RESULT_MARK line carries."""
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+        raise RuntimeError(f"worker {args} failed (exit {proc.returncode}):\n{tail}")
+    result = json.loads(lines[-1][len(RESULT_MARK) :])
+    result["process_wall_s"] = time.perf_counter() - started
+    return result
+
+
+def emit(result: dict[str, Any]) -> None:
+    """A worker's answer to run_worker."""
+    print(RESULT_MARK + json.dumps(result), flush=True)
+
+
+def write_json(name: str, data: dict[str, Any], path: Path | None = None) -> Path:
+    path = path or BENCH_DIR / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def table(rows: list[list[Any]], header: list[str]) -> str:
+    """A plain text table, numbers right-aligned."""
+    cells = [header] + [[f"{c:.4g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = []
+    for n, row in enumerate(cells):
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def print_machine(info: dict[str, Any]) -> None:
+    print(f"{info['date']}  {info['cpu']}, {info['cores']} cores, load average at start {info['load_avg_start']}  git {info['git']}")
+    print(f"command: {info['command']}")

@@ -1,0 +1,326 @@
+"""Training-loop overhead: runjob's loop against a hand-written Accelerate loop.
+
+Same model (torchvision ResNet-18, num_classes=10, the unmodified ImageNet stem: no cifar_stem),
+same data, batch size, precision (fp32), optimizer (SGD lr 0.01, momentum 0.9) and number of
+steps, through
+
+* ``runjob``: ``runjob.runner.run_job``, the function ``runjob JOB`` calls, in-process (so start-up
+  is not timed), with tracking offline (metrics.jsonl only; MLflow's cost is benchmarks/tracking.py)
+  and its defaults otherwise (log_every 10, system metrics every 10 s, on_nonfinite "stop");
+* ``accelerate``: the HF Accelerate quick-start loop: ``Accelerator()``, ``prepare(model,
+  optimizer, dataloader)``, forward, ``F.cross_entropy``, ``accelerator.backward``, step, zero_grad.
+
+Two input paths, each for both loops: ``tensor`` (in-memory random tensors, runjob's ``synthetic``
+dataset and the same tensors in a TensorDataset by hand) and ``png`` (torchvision ImageFolder over
+scikit-learn's digits exported as PNG files, decoded with PIL every step; hard links repeat the
+1,437 training images so one epoch covers every timed step).
+
+Each repetition is one subprocess (Accelerate's state is one per process); the contestants run
+interleaved. Throughput is samples/s from the end of the warm-up steps to the last step, timed by
+``time.perf_counter()`` after each optimizer step (a runjob plugin's ``runjob_after_step`` hook on
+runjob's side, the same call inline in the hand-written loop).
+
+    uv run python benchmarks/overhead.py                      # a few minutes on 2 CPU cores
+    uv run python benchmarks/overhead.py --steps 300 --reps 7  # longer
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+IMAGENET_MEAN = [0.485, 0.456, 0.406]
+IMAGENET_STD = [0.229, 0.224, 0.225]
+LR, MOMENTUM, SEED = 0.01, 0.9, 0
+
+
+# ---------------------------------------------------------------- workers (one per subprocess)
+
+def job_toml(args: argparse.Namespace) -> str:
+    total = args.warmup + args.steps
+    if args.input == "tensor":
+        dataset = f'name = "synthetic"\nnum_train = {total * args.batch}\nnum_val = {args.batch}\nimage_size = {args.image_size}\n'
+    else:
+        dataset = f'name = "imagefolder"\nroot = "{args.png_root}"\n'
+    if args.num_workers:
+        dataset += f"num_workers = {args.num_workers}\n"
+    return f"""
+[job]
+name = "bench-overhead"
+seed = {SEED}
+
+[model]
+name = "resnet18"
+num_classes = 10
+
+[dataset]
+{dataset}
+[optimizer]
+name = "sgd"
+lr = {LR}
+momentum = {MOMENTUM}
+
+[train]
+epochs = 1
+max_steps = {total}
+batch_size = {args.batch}
+
+[tracking]
+offline = true
+log_model = "none"
+"""
+
+
+def worker_runjob(args: argparse.Namespace) -> dict:
+    sys.path.insert(0, args.plugin_root)  # the timer plugin's dist-info
+    from runjob.plugin_host import load_plugins
+    from runjob.runner import run_job
+    from runjob.validation import load_resolved
+
+    work = Path(args.work)
+    job_file = work / f"job-{args.input}.toml"
+    job_file.write_text(job_toml(args), encoding="utf-8")
+    host = load_plugins()
+    if not any(p.name == "zzz_bench_timer" for p in host.plugins):
+        raise RuntimeError(f"timer plugin not loaded: {host.failures}")
+    job = load_resolved(job_file, [], host)
+    out = Path(tempfile.mkdtemp(dir=work, prefix="runjob-out-"))
+    os.rmdir(out)
+    run_job(job, host, output_dir=out)
+    import runjob_bench_timer
+
+    return {"step_times": runjob_bench_timer.STEP_TIMES}
+
+
+def worker_accelerate(args: argparse.Namespace) -> dict:
+    # The hand-written loop, as in Accelerate's quick start.
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(SEED)
+    total = args.warmup + args.steps
+    if args.input == "tensor":
+        generator = torch.Generator().manual_seed(SEED)
+        n, size = total * args.batch, args.image_size
+        dataset = TensorDataset(torch.randn(n, 3, size, size, generator=generator), torch.randint(0, 10, (n,), generator=generator))
+    else:
+        from torchvision import transforms
+
+        tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        dataset = torchvision.datasets.ImageFolder(str(Path(args.png_root) / "train"), transform=tf)
+
+    accelerator = Accelerator()
+    model = torchvision.models.resnet18(num_classes=10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    dataloader = DataLoader(dataset, batch_size=args.batch, shuffle=True, drop_last=True, num_workers=args.num_workers)
+    model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
+
+    model.train()
+    step_times = []
+    profiled = bool(os.environ.get("RUNJOB_BENCH_PROFILE"))  # --profile: the same window as runjob's
+    if profiled:
+        sys.path.insert(0, args.plugin_root)
+        import runjob_bench_timer
+    for inputs, targets in dataloader:
+        outputs = model(inputs)
+        loss = F.cross_entropy(outputs, targets)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        step_times.append(time.perf_counter())
+        if profiled:
+            runjob_bench_timer.profile_window(len(step_times))
+        if len(step_times) >= total:
+            break
+    return {"step_times": step_times}
+
+
+def worker_lightning(args: argparse.Namespace) -> dict:
+    # PyTorch Lightning's Trainer on the same model and data (only where lightning is importable).
+    import lightning as L
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+    from torch.utils.data import DataLoader, TensorDataset
+
+    L.seed_everything(SEED)
+    total = args.warmup + args.steps
+    if args.input == "tensor":
+        generator = torch.Generator().manual_seed(SEED)
+        n, size = total * args.batch, args.image_size
+        dataset = TensorDataset(torch.randn(n, 3, size, size, generator=generator), torch.randint(0, 10, (n,), generator=generator))
+    else:
+        from torchvision import transforms
+
+        tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+        dataset = torchvision.datasets.ImageFolder(str(Path(args.png_root) / "train"), transform=tf)
+    step_times: list[float] = []
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = torchvision.models.resnet18(num_classes=10)
+
+        def training_step(self, batch, batch_idx):
+            inputs, targets = batch
+            return F.cross_entropy(self.model(inputs), targets)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            step_times.append(time.perf_counter())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
+
+    loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, drop_last=True, num_workers=args.num_workers)
+    trainer = L.Trainer(
+        max_steps=total, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(Module(), loader)
+    return {"step_times": step_times}
+
+
+WORKERS = {"runjob": worker_runjob, "accelerate": worker_accelerate, "lightning": worker_lightning}
+
+
+# ---------------------------------------------------------------- driver
+
+def make_png_folder(root: Path, image_size: int, needed: int) -> Path:
+    """Digits as PNGs (runjob's own export), the training images repeated by hard links to ``needed``."""
+    from runjob.plugins.digits import export_image_folder
+
+    source = root / "digits-export"
+    export_image_folder(source, image_size=image_size)
+    folder = root / "digits-png"
+    originals = sorted((source / "train").rglob("*.png"))
+    count, copy = 0, 0
+    while count < needed:
+        for png in originals:
+            target = folder / "train" / png.parent.name / f"r{copy:03d}_{png.name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(png, target)
+            count += 1
+        copy += 1
+    for digit in sorted((source / "val").iterdir()):  # a small validation split: it runs after the timed steps
+        (folder / "val" / digit.name).mkdir(parents=True, exist_ok=True)
+        for png in sorted(digit.glob("*.png"))[:2]:
+            os.link(png, folder / "val" / digit.name / png.name)
+    return folder
+
+
+def profile(args, contestants, input_path, work, plugin_root, png_root, env) -> int:
+    """cProfile of the timed steps of one run of each loop: own time by function, and the totals."""
+    import pstats
+
+    for contestant in contestants:
+        path = work / f"{contestant}.prof"
+        command = [
+            str(Path(__file__).resolve()), "--worker", contestant, "--input", input_path, "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--batch", str(args.batch), "--image-size", str(args.image_size),
+            "--num-workers", str(args.num_workers), "--plugin-root", str(plugin_root), "--work", str(work),
+        ] + (["--png-root", str(png_root)] if png_root else [])
+        common.run_worker(command, env={**env, "RUNJOB_BENCH_PROFILE": f"{args.warmup}:{args.warmup + args.steps}:{path}"})
+        stats = pstats.Stats(str(path))
+        print(f"\n{contestant} ({input_path}): {args.steps} steps, {stats.total_tt:.2f} s profiled, {1000 * stats.total_tt / args.steps:.1f} ms a step")
+        stats.sort_stats("tottime").print_stats(12)
+        print(f"{contestant}: runjob's and Accelerate's own functions in that window, by cumulative time")
+        stats.sort_stats("cumulative").print_stats(r"runjob|core/|plugins/|accelerate/", 15)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per repetition (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=5, help="steps not timed at the start of each repetition")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each contestant, interleaved")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch (OpenMP/MKL) threads per run, 0 for torch's default (one per core); "
+                        "1 keeps a run on a shared 2-core machine from stalling at OpenMP barriers whenever anything else runs")
+    parser.add_argument("--image-size", type=int, default=16, help="16 or 32 (ResNet-18 with its ImageNet stem)")
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers on both sides (runjob's default is 0)")
+    parser.add_argument("--inputs", default="tensor,png", help="comma-separated: tensor, png")
+    parser.add_argument("--lightning", action="store_true", help="also PyTorch Lightning's Trainer (needs lightning importable)")
+    parser.add_argument("--profile", action="store_true", help="instead: one run of each loop (first input path) under cProfile over the "
+                        "timed steps; prints the functions with the most own time")
+    parser.add_argument("--json", type=Path, help="where to write the raw numbers (default benchmarks/overhead.json)")
+    # worker mode
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--input", choices=["tensor", "png"], help=argparse.SUPPRESS)
+    parser.add_argument("--png-root", help=argparse.SUPPRESS)
+    parser.add_argument("--plugin-root", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.worker:
+        common.emit(WORKERS[args.worker](args))
+        return 0
+
+    info = common.machine()
+    common.print_machine(info)
+    contestants = ["runjob", "accelerate"] + (["lightning"] if args.lightning else [])
+    inputs = [i.strip() for i in args.inputs.split(",") if i.strip()]
+    results: dict[str, dict[str, list]] = {f"{c}/{i}": {"samples_per_s": [], "median_step_ms": [], "load": []} for i in inputs for c in contestants}
+    with tempfile.TemporaryDirectory(prefix="runjob-bench-overhead-") as tmp:
+        work = Path(tmp)
+        plugin_root = common.make_timer_plugin(work / "plugin")
+        png_root = make_png_folder(work, args.image_size, (args.warmup + args.steps + 1) * args.batch) if "png" in inputs else None
+        env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "PYTHONUNBUFFERED": "1", **common.thread_env(args.threads)}
+        if args.profile:
+            return profile(args, contestants, inputs[0], work, plugin_root, png_root, env)
+        for rep in range(args.reps):
+            for input_path in inputs:
+                for contestant in contestants:
+                    command = [
+                        str(Path(__file__).resolve()), "--worker", contestant, "--input", input_path, "--steps", str(args.steps),
+                        "--warmup", str(args.warmup), "--batch", str(args.batch), "--image-size", str(args.image_size),
+                        "--num-workers", str(args.num_workers), "--plugin-root", str(plugin_root), "--work", str(work),
+                    ] + (["--png-root", str(png_root)] if png_root else [])
+                    load = common.load_now()
+                    answer = common.run_worker(command, env=env)
+                    rate = common.steady_rate(answer["step_times"], args.warmup, args.batch)
+                    key = f"{contestant}/{input_path}"
+                    results[key]["samples_per_s"].append(rate["samples_per_s"])
+                    results[key]["median_step_ms"].append(rate["median_step_ms"])
+                    results[key]["load"].append(load)
+                    print(f"rep {rep + 1}/{args.reps}  {key:<17} {rate['samples_per_s']:8.1f} samples/s  "
+                          f"median step {rate['median_step_ms']:7.1f} ms  load {load}  ({answer['process_wall_s']:.0f} s in all)", flush=True)
+
+    rows, summary = [], {}
+    for input_path in inputs:
+        base = results[f"accelerate/{input_path}"]["samples_per_s"]
+        for contestant in contestants:
+            rates = results[f"{contestant}/{input_path}"]["samples_per_s"]
+            paired = [r / b for r, b in zip(rates, base)]
+            entry = {
+                "median_samples_per_s": common.median(rates),
+                "ratio_of_medians": common.median(rates) / common.median(base),
+                "median_of_paired_ratios": common.median(paired),
+                "min_paired_ratio": min(paired), "max_paired_ratio": max(paired),
+            }
+            summary[f"{contestant}/{input_path}"] = entry
+            rows.append([f"{contestant} ({input_path})", entry["median_samples_per_s"], common.median(results[f"{contestant}/{input_path}"]["median_step_ms"]),
+                         entry["ratio_of_medians"], entry["median_of_paired_ratios"], f"{min(paired):.3f}-{max(paired):.3f}"])
+    info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    print()
+    print(f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size} inputs, batch {args.batch}, fp32, CPU, {args.threads or 'default'} torch thread(s); "
+          f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end {info['load_avg_end']}")
+    print(common.table(rows, ["loop (input)", "samples/s (median)", "step ms (median)", "vs hand-written", "paired ratio (median)", "paired range"]))
+    settings = {k: getattr(args, k) for k in ("steps", "warmup", "reps", "batch", "image_size", "threads", "num_workers")}
+    settings.update(model="torchvision resnet18, num_classes=10, ImageNet stem (no cifar_stem)", precision="fp32", optimizer=f"SGD lr {LR} momentum {MOMENTUM}")
+    path = common.write_json("overhead", {"machine": info, "settings": settings, "raw": results, "summary": summary}, args.json)
+    print(f"raw numbers: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,264 @@
+"""Step-time overhead of logging every step to a real MLflow server.
+
+A local ``mlflow server`` (127.0.0.1, a free port, its own sqlite store and artifact folder in a
+temporary folder; ``--workers 1`` and MLflow's job runner off, so it is one process plus uvicorn)
+is started for the benchmark and stopped at the end. The same run, ``train.log_every = 1``, goes
+through ``runjob.runner.run_job`` in-process (one subprocess per repetition) either to that server
+(``online``: each log step appends to metrics.jsonl and queues one ``log_batch`` for the
+background uploader thread) or with ``tracking.offline = true`` (metrics.jsonl only). The two run
+interleaved; throughput is samples/s after the warm-up steps, timed by a runjob plugin's
+``runjob_after_step`` hook. Each online run is checked to have every ``train/loss`` point on the
+server. For reference, the cost of one synchronous ``MlflowClient.log_metric`` call (and one
+``log_batch`` of 5 metrics) to the same server is measured too.
+
+Note: the server runs on the same 2 cores as the training, as a local server would.
+
+    uv run python benchmarks/tracking.py                     # a few minutes on 2 CPU cores
+    uv run python benchmarks/tracking.py --steps 200 --reps 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+GOAL_OVERHEAD = 0.01
+
+
+def job_toml(args: argparse.Namespace, mode: str) -> str:
+    total = args.warmup + args.steps
+    tracking = 'offline = true\n' if mode == "offline" else f'uri = "{args.uri}"\n'
+    return f"""
+[job]
+name = "bench-tracking"
+seed = 0
+
+[model]
+name = "resnet18"
+num_classes = 10
+
+[dataset]
+name = "synthetic"
+num_train = {total * args.batch}
+num_val = {args.batch}
+image_size = {args.image_size}
+
+[optimizer]
+name = "sgd"
+lr = 0.01
+momentum = 0.9
+
+[train]
+epochs = 1
+max_steps = {total}
+batch_size = {args.batch}
+log_every = 1
+
+[tracking]
+{tracking}log_model = "none"
+"""
+
+
+def worker(args: argparse.Namespace) -> dict:
+    sys.path.insert(0, args.plugin_root)
+    from runjob.plugin_host import load_plugins
+    from runjob.runner import run_job
+    from runjob.validation import load_resolved
+
+    work = Path(args.work)
+    job_file = work / f"job-{args.worker}.toml"
+    job_file.write_text(job_toml(args, args.worker), encoding="utf-8")
+    host = load_plugins()
+    job = load_resolved(job_file, [], host)
+    out = work / f"out-{args.worker}-{time.time_ns()}"
+    run_job(job, host, output_dir=out)
+    import runjob_bench_timer
+
+    result = {"step_times": runjob_bench_timer.STEP_TIMES, "end_after_last_step_s": time.perf_counter() - runjob_bench_timer.STEP_TIMES[-1]}
+    if args.worker == "online":
+        from mlflow import MlflowClient
+
+        record = json.loads((out / "mlflow_run.json").read_text())
+        history = MlflowClient(args.uri).get_metric_history(record["run_id"], "train/loss")
+        result["server_loss_points"] = len(history)
+        result["unsynced"] = record.get("unsynced")
+    return result
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    folder.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+        "--backend-store-uri", f"sqlite:///{folder}/mlflow.db", "--default-artifact-root", str(folder / "artifacts"), "--workers", "1",
+    ]
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    log = (folder / "server.log").open("w")
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"mlflow server exited {server.returncode}: {(folder / 'server.log').read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(uri + "/health", timeout=2):
+                return server, uri
+        except OSError:
+            time.sleep(0.5)
+    stop_server(server)
+    raise RuntimeError("mlflow server did not answer /health within 180 s")
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    """Stop the server we started (its own session: the server and its workers, nothing else)."""
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def sync_call_costs(uri: str, calls: int) -> dict[str, float]:
+    """Milliseconds per synchronous log_metric and per log_batch of 5 metrics (medians)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    client = MlflowClient(uri)
+    experiment = client.create_experiment(f"sync-calls-{time.time_ns()}")
+    run_id = client.create_run(experiment).info.run_id
+    single, batch, batch_cpu = [], [], []
+    for step in range(calls):
+        started = time.perf_counter()
+        client.log_metric(run_id, "x", float(step), step=step)
+        single.append(1000 * (time.perf_counter() - started))
+        metrics = [Metric(f"m{i}", float(step), int(time.time() * 1000), step) for i in range(5)]
+        started, cpu = time.perf_counter(), time.thread_time()
+        client.log_batch(run_id, metrics=metrics)
+        batch.append(1000 * (time.perf_counter() - started))
+        batch_cpu.append(1000 * (time.thread_time() - cpu))  # the client's own CPU time (the rest: server and network)
+    client.set_terminated(run_id)
+    return {"log_metric_ms_median": common.median(single), "log_batch5_ms_median": common.median(batch),
+            "log_batch5_client_cpu_ms_median": common.median(batch_cpu), "log_metric_ms": single, "log_batch5_ms": batch, "log_batch5_client_cpu_ms": batch_cpu}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per repetition (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each mode, interleaved")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1, help="torch (OpenMP/MKL) threads per run, 0 for torch's default (one per core); "
+                        "1 keeps a run on a shared 2-core machine from stalling at OpenMP barriers whenever anything else runs")
+    parser.add_argument("--image-size", type=int, default=16)
+    parser.add_argument("--calls", type=int, default=50, help="synchronous calls timed for the reference")
+    parser.add_argument("--calls-only", action="store_true", help="only the synchronous-call reference (prints it; writes no JSON)")
+    parser.add_argument("--json", type=Path, help="where to write the raw numbers (default benchmarks/tracking.json)")
+    parser.add_argument("--worker", choices=["online", "offline"], help=argparse.SUPPRESS)
+    parser.add_argument("--uri", help=argparse.SUPPRESS)
+    parser.add_argument("--plugin-root", help=argparse.SUPPRESS)
+    parser.add_argument("--work", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        common.emit(worker(args))
+        return 0
+
+    info = common.machine()
+    common.print_machine(info)
+    if args.calls_only:
+        with tempfile.TemporaryDirectory(prefix="runjob-bench-tracking-") as tmp:
+            server, uri = start_server(Path(tmp) / "server")
+            try:
+                calls = sync_call_costs(uri, args.calls)
+            finally:
+                stop_server(server)
+        print(json.dumps({k: v for k, v in calls.items() if k.endswith("median")}))
+        return 0
+    modes = ["online", "offline"]
+    results = {m: {"samples_per_s": [], "median_step_ms": [], "load": [], "end_after_last_step_s": []} for m in modes}
+    checks = []
+    with tempfile.TemporaryDirectory(prefix="runjob-bench-tracking-") as tmp:
+        work = Path(tmp)
+        plugin_root = common.make_timer_plugin(work / "plugin")
+        started = time.perf_counter()
+        server, uri = start_server(work / "server")
+        server_start_s = time.perf_counter() - started
+        print(f"mlflow server at {uri} (up in {server_start_s:.1f} s)", flush=True)
+        try:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **common.thread_env(args.threads), "MLFLOW_TRACKING_URI": uri}
+            for rep in range(args.reps):
+                for mode in modes:
+                    command = [
+                        str(Path(__file__).resolve()), "--worker", mode, "--uri", uri, "--plugin-root", str(plugin_root), "--work", str(work),
+                        "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch), "--image-size", str(args.image_size),
+                    ]
+                    load = common.load_now()
+                    answer = common.run_worker(command, env=env)
+                    rate = common.steady_rate(answer["step_times"], args.warmup, args.batch)
+                    for key in ("samples_per_s", "median_step_ms"):
+                        results[mode][key].append(rate[key])
+                    results[mode]["load"].append(load)
+                    results[mode]["end_after_last_step_s"].append(answer["end_after_last_step_s"])
+                    note = ""
+                    if mode == "online":
+                        total = args.warmup + args.steps
+                        checks.append({"server_loss_points": answer["server_loss_points"], "expected": total, "unsynced": answer["unsynced"]})
+                        note = f"  train/loss points on the server: {answer['server_loss_points']}/{total}"
+                    print(f"rep {rep + 1}/{args.reps}  {mode:<8} {rate['samples_per_s']:8.1f} samples/s  median step {rate['median_step_ms']:7.1f} ms  "
+                          f"load {load}{note}", flush=True)
+            calls = sync_call_costs(uri, args.calls)
+        finally:
+            stop_server(server)
+
+    info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    online, offline = results["online"]["samples_per_s"], results["offline"]["samples_per_s"]
+    paired = [on / off for on, off in zip(online, offline)]
+    ratio = common.median(online) / common.median(offline)
+    step_on, step_off = common.median(results["online"]["median_step_ms"]), common.median(results["offline"]["median_step_ms"])
+    overhead = 1 / ratio - 1  # extra step time, as a fraction of the offline step time
+    print()
+    print(f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size}, batch {args.batch}, fp32, CPU, {args.threads or 'default'} torch thread(s); log_every 1; "
+          f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end {info['load_avg_end']}")
+    print(common.table([
+        ["online (mlflow server)", common.median(online), step_on, ratio, common.median(paired), f"{min(paired):.3f}-{max(paired):.3f}"],
+        ["offline (metrics.jsonl only)", common.median(offline), step_off, 1.0, 1.0, ""],
+    ], ["tracking", "samples/s (median)", "step ms (median)", "vs offline", "paired ratio (median)", "paired range"]))
+    verdict = "met" if overhead < GOAL_OVERHEAD else "MISSED"
+    print(f"step-time overhead of logging every step: {100 * overhead:+.2f}% (from the ratio of median throughputs; goal < 1%: {verdict}); "
+          f"paired: {100 * (1 / common.median(paired) - 1):+.2f}%")
+    print(f"synchronous MlflowClient.log_metric to this server: {calls['log_metric_ms_median']:.1f} ms a call (median of {args.calls}); "
+          f"log_batch of 5 metrics: {calls['log_batch5_ms_median']:.1f} ms, of it {calls['log_batch5_client_cpu_ms_median']:.1f} ms CPU in the calling thread")
+    print(f"mlflow server start to /health: {server_start_s:.1f} s")
+    summary = {
+        "online_median_samples_per_s": common.median(online), "offline_median_samples_per_s": common.median(offline),
+        "ratio_online_vs_offline": ratio, "median_paired_ratio": common.median(paired), "step_time_overhead": overhead,
+        "goal_overhead": GOAL_OVERHEAD, "sync_log_metric_ms": calls["log_metric_ms_median"], "sync_log_batch5_ms": calls["log_batch5_ms_median"],
+        "server_start_s": server_start_s, "upload_checks": checks,
+    }
+    settings = {k: getattr(args, k) for k in ("steps", "warmup", "reps", "batch", "image_size", "threads", "calls")}
+    path = common.write_json("tracking", {"machine": info, "settings": settings, "raw": results, "sync_calls": calls, "summary": summary}, args.json)
+    print(f"raw numbers: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
