@@ -104,37 +104,77 @@ def experiment_id(client: Any, name: str) -> str:
 
 
 class Uploader:
-    """One background thread that sends queued MLflow calls in order. After the first failure it
-    stops sending (each later call would wait on retries too) and remembers why; the local record
-    holds everything, and ``runjob sync`` sends it later."""
+    """One background thread that sends queued MLflow calls in order. Metric points waiting in the
+    queue are sent together, in one ``log_batch`` of up to 1,000, at most once every
+    ``METRICS_INTERVAL_S`` (logging every step then costs one call a second, not one a step).
+    After the first failure it stops sending (each later call would wait on retries too) and
+    remembers why; the local record holds everything, and ``runjob sync`` sends it later."""
 
-    def __init__(self) -> None:
+    METRICS_INTERVAL_S = 1.0
+    METRICS_PER_CALL = 1000  # MLflow's limit for one log_batch
+
+    def __init__(self, send_metrics: Callable[[list[Any]], Any]) -> None:
         self.failure: str | None = None
         self.failed_at: str | None = None
+        self._send_metrics = send_metrics
+        self._last_metrics_sent = 0.0
         self._calls: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._send, name="runjob-mlflow-upload", daemon=True)
         self._thread.start()
 
     def submit(self, call: Callable[[], Any], what: str) -> None:
-        self._calls.put((call, what))
+        self._calls.put(("call", call, what))
+
+    def submit_metrics(self, metrics: list[Any], step: int) -> None:
+        self._calls.put(("metrics", metrics, f"metrics of step {step}"))
 
     def _send(self) -> None:
+        pending: list[tuple[str, Any, str]] = []
         while True:
-            call, what = self._calls.get()
+            if not pending:
+                pending.append(self._calls.get())
+            if pending[0][0] == "metrics":
+                wait = self._last_metrics_sent + self.METRICS_INTERVAL_S - time.monotonic()
+                if wait > 0 and not self._closing(pending):
+                    time.sleep(wait)  # let more points gather
+            pending.extend(self._drain())
+            kind, payload, what = pending.pop(0)
+            if kind == "close":
+                return
+            if kind == "metrics":
+                while pending and pending[0][0] == "metrics" and len(payload) < self.METRICS_PER_CALL:
+                    _, more, what = pending.pop(0)
+                    payload = payload + more
+                self._attempt(lambda: self._send_metrics(payload[: self.METRICS_PER_CALL]), what)
+                if len(payload) > self.METRICS_PER_CALL:
+                    pending.insert(0, ("metrics", payload[self.METRICS_PER_CALL :], what))
+                self._last_metrics_sent = time.monotonic()
+            else:
+                self._attempt(payload, what)
+
+    def _drain(self) -> list[tuple[str, Any, str]]:
+        items = []
+        while True:
             try:
-                if call is None:
-                    return
-                if self.failure is None:
-                    call()
-            except Exception as error:  # noqa: BLE001 - recorded, reported at the end of the run
-                self.failure = f"{type(error).__name__}: {_first_line(error)}"[:500]
-                self.failed_at = what
-            finally:
-                self._calls.task_done()
+                items.append(self._calls.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _closing(self, pending: list[tuple[str, Any, str]]) -> bool:
+        return any(kind == "close" for kind, _, _ in pending) or any(item[0] == "close" for item in list(self._calls.queue))
+
+    def _attempt(self, call: Callable[[], Any], what: str) -> None:
+        if self.failure is not None:
+            return
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 - recorded, reported at the end of the run
+            self.failure = f"{type(error).__name__}: {_first_line(error)}"[:500]
+            self.failed_at = what
 
     def close(self, timeout: float) -> bool:
         """Send what is queued (waiting at most ``timeout`` s); true when it all went."""
-        self._calls.put((None, "close"))
+        self._calls.put(("close", None, "close"))
         self._thread.join(timeout)
         return self.failure is None and not self._thread.is_alive()
 
@@ -211,7 +251,7 @@ class Recorder:
             if self.run_id:
                 self._terminate_quietly("FAILED")
             raise TrackingError(f"cannot record the run to MLflow at {self.tracking_uri} (tracking.uri): {type(error).__name__}: {_first_line(error)}") from None
-        self._uploader = Uploader()
+        self._uploader = self._new_uploader()
         if created and previous:
             print(f"runjob: the run began offline; `runjob sync {self.output_dir}` uploads what it recorded before this resume", flush=True)
         return self.run_id
@@ -226,7 +266,10 @@ class Recorder:
         self._open_metrics(f"metrics.node{self.machine_rank}.jsonl")
         if run_id and not offline:
             self._client = MlflowClient(tracking_uri=tracking_uri)
-            self._uploader = Uploader()
+            self._uploader = self._new_uploader()
+
+    def _new_uploader(self) -> Uploader:
+        return Uploader(lambda metrics: self._client.log_batch(self.run_id, metrics=metrics))
 
     def _open_metrics(self, name: str) -> None:
         self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -244,8 +287,7 @@ class Recorder:
         if self.online:
             from mlflow.entities import Metric
 
-            batch = [Metric(key, float(value), timestamp, step) for key, value in metrics.items()]
-            self._uploader.submit(lambda: self._client.log_batch(self.run_id, metrics=batch), f"metrics of step {step}")
+            self._uploader.submit_metrics([Metric(key, float(value), timestamp, step) for key, value in metrics.items()], step)
 
     def set_tags(self, tags: dict[str, str]) -> None:
         if not self.active:

@@ -75,3 +75,17 @@ def test_digits_split_is_fixed_and_disjoint():
     train_idx, val_idx = split_indices(1797, 0.2, seed=0)
     assert not set(train_idx.tolist()) & set(val_idx.tolist())
     assert len(train_idx) + len(val_idx) == 1797
+
+
+def test_digits_are_scikit_learns_scans_read_without_importing_it():
+    import torch
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+
+    from runjob.plugins.digits import digits_tensors
+
+    images, labels = digits_tensors(8)
+    reference = load_digits()
+    assert torch.equal(labels, torch.tensor(reference.target))
+    expected = F.interpolate(torch.tensor(reference.images, dtype=torch.float32).unsqueeze(1) / 16.0, size=(8, 8), mode="bilinear", align_corners=False)
+    assert torch.equal(images[:, 0:1], expected.clamp(0, 1)) and images.shape == (1797, 3, 8, 8)

@@ -75,3 +75,27 @@ def test_a_tracking_server_that_is_not_there_is_named_with_the_way_out():
     assert f"cannot reach the MLflow tracking server at {uri} (tracking.uri)" in message
     assert "tracking.offline = true" in message and "runjob sync" in message
     check_reachable("sqlite:///nowhere/mlflow.db")  # only servers are asked; stores fail on their own
+
+
+def test_uploads_gather_queued_points_into_few_calls_in_order_and_stop_at_a_failure():
+    from runjob.tracking import Uploader
+
+    sent, calls = [], []
+    uploader = Uploader(lambda metrics: sent.append(list(metrics)))
+    for step in range(1, 301):  # logging every step: 300 steps, 4 points each
+        uploader.submit_metrics([(step, k) for k in range(4)], step)
+    uploader.submit(lambda: calls.append("tags after step 300"), "tags")
+    assert uploader.close(timeout=30)
+    assert [point for batch in sent for point in batch] == [(s, k) for s in range(1, 301) for k in range(4)]
+    assert len(sent) <= 3 and all(len(batch) <= 1000 for batch in sent)
+    assert calls == ["tags after step 300"]
+
+    def refuse(metrics):
+        raise ConnectionError("server gone")
+
+    failing = Uploader(refuse)
+    failing.submit_metrics([(1, 0)], 1)
+    failing.submit(lambda: calls.append("never"), "the run's end")
+    assert not failing.close(timeout=30)
+    assert failing.failure == "ConnectionError: server gone" and failing.failed_at == "metrics of step 1"
+    assert calls == ["tags after step 300"], "nothing is sent after a failure"
