@@ -99,25 +99,33 @@ def worker_runjob(args: argparse.Namespace) -> dict:
     return {"step_times": runjob_bench_timer.STEP_TIMES}
 
 
+def bench_dataset(args: argparse.Namespace, total: int):
+    """The hand-built contestants' data: seeded random tensors, or the PNG folder through ImageFolder."""
+    import torch
+    import torchvision
+    from torch.utils.data import TensorDataset
+
+    if args.input == "tensor":
+        generator = torch.Generator().manual_seed(SEED)
+        n, size = total * args.batch, args.image_size
+        return TensorDataset(torch.randn(n, 3, size, size, generator=generator), torch.randint(0, 10, (n,), generator=generator))
+    from torchvision import transforms
+
+    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
+    return torchvision.datasets.ImageFolder(str(Path(args.png_root) / "train"), transform=tf)
+
+
 def worker_accelerate(args: argparse.Namespace) -> dict:
     # The hand-written loop, as in Accelerate's quick start.
     import torch
     import torch.nn.functional as F
     import torchvision
     from accelerate import Accelerator
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     torch.manual_seed(SEED)
     total = args.warmup + args.steps
-    if args.input == "tensor":
-        generator = torch.Generator().manual_seed(SEED)
-        n, size = total * args.batch, args.image_size
-        dataset = TensorDataset(torch.randn(n, 3, size, size, generator=generator), torch.randint(0, 10, (n,), generator=generator))
-    else:
-        from torchvision import transforms
-
-        tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-        dataset = torchvision.datasets.ImageFolder(str(Path(args.png_root) / "train"), transform=tf)
+    dataset = bench_dataset(args, total)
 
     accelerator = Accelerator()
     model = torchvision.models.resnet18(num_classes=10)
@@ -151,19 +159,11 @@ def worker_lightning(args: argparse.Namespace) -> dict:
     import torch
     import torch.nn.functional as F
     import torchvision
-    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data import DataLoader
 
     L.seed_everything(SEED)
     total = args.warmup + args.steps
-    if args.input == "tensor":
-        generator = torch.Generator().manual_seed(SEED)
-        n, size = total * args.batch, args.image_size
-        dataset = TensorDataset(torch.randn(n, 3, size, size, generator=generator), torch.randint(0, 10, (n,), generator=generator))
-    else:
-        from torchvision import transforms
-
-        tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
-        dataset = torchvision.datasets.ImageFolder(str(Path(args.png_root) / "train"), transform=tf)
+    dataset = bench_dataset(args, total)
     step_times: list[float] = []
 
     class Module(L.LightningModule):

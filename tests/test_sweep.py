@@ -10,6 +10,7 @@ import tomllib
 import pytest
 
 from conftest import write_job
+from test_training import SMALL_DIGITS
 from runjob.cli import main
 from runjob.jobfile import parse_override_value
 from runjob.plugin_host import load_plugins
@@ -17,18 +18,7 @@ from runjob.schema import SweepRange, SweepTable
 from runjob.sweep import Trial, grid_points, make_plan, read_result, toml_value
 from runjob.validation import load_resolved
 
-BASE = """
-    [job]
-    name = "sw"
-    [model]
-    name = "resnet18"
-    num_classes = 10
-    [dataset]
-    name = "digits"
-    image_size = 16
-    [train]
-    batch_size = 32
-"""
+BASE = SMALL_DIGITS.format(name="sw")
 
 
 def validate(tmp_path, monkeypatch, capsys, text: str, *extra: str):
