@@ -133,7 +133,7 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, 
 
         host.hook.runjob_run_start(run=run)
         TrainingLoop(
-            run, host.hook, recorder.log_metrics, schedule, splits.num_classes, start, save, stop, on_evaluation=on_evaluation,
+            run, host.hook, recorder.log_training_metrics, schedule, splits.num_classes, start, save, stop, on_evaluation=on_evaluation,
             count_flops=count_flops, peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
         ).fit()
         accelerator.wait_for_everyone()

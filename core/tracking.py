@@ -289,6 +289,11 @@ class Recorder:
 
             self._uploader.submit_metrics([Metric(key, float(value), timestamp, step) for key, value in metrics.items()], step)
 
+    def log_training_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """The loop's metrics: the same on every process, so recorded by the main one only."""
+        if self.active:
+            self.log_metrics(metrics, step)
+
     def set_tags(self, tags: dict[str, str]) -> None:
         if not self.active:
             return

@@ -188,8 +188,11 @@ def test_two_simulated_machines_make_one_job(tmp_path, check_site):
     assert run.info.status == "FINISHED"
     assert (run.data.tags["runjob.world_size"], run.data.tags["runjob.num_machines"]) == ("2", "2")
     assert lines(tmp_path / "params-0.jsonl") == lines(tmp_path / "params-1.jsonl")
-    # each machine's system metrics reach the one run, named apart
+    # each machine's system metrics reach the one run, named apart; training metrics come once
     assert {"system/node0/cpu_utilization_percentage", "system/node1/cpu_utilization_percentage"} <= set(run.data.metrics)
+    client, _ = only_run(tmp_path, "machines")
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert steps and len(steps) == len(set(steps)), steps
 
 
 def test_a_dead_worker_stops_the_whole_job_which_then_resumes(tmp_path, check_site):
