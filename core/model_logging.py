@@ -29,7 +29,8 @@ def save_mlflow_model(job: Any, output_dir: Path, splits: Any) -> Path:
     folder = output_dir / MODEL_FOLDER
     shutil.rmtree(folder, ignore_errors=True)
     requirements = [f"torch=={torch.__version__.split('+')[0]}", f"torchvision=={torchvision.__version__.split('+')[0]}"]
-    example = splits.val[0][0].unsqueeze(0)
+    first = splits.val[0][0]
+    example = torch.stack([first, first])  # a batch of 2: torch.export fixes a batch of 1 as a constant
     if job.tracking.log_model == "pickle":
         # MLflow warns on every pickle save; runjob's docs say what pickle means (README, tracking.log_model)
         logger = logging.getLogger("mlflow.pytorch")

@@ -42,10 +42,8 @@ def open_store(uri: str):
     silently create an empty one, and every query would then find nothing)."""
     from mlflow import MlflowClient
 
-    from runjob.tracking import HTTP_DEFAULTS, check_reachable
+    from runjob.tracking import check_reachable
 
-    for key, value in HTTP_DEFAULTS.items():
-        os.environ.setdefault(key, value)
     check_reachable(uri, "--tracking-uri or $MLFLOW_TRACKING_URI")
     if uri.lower().startswith("sqlite:"):
         path = uri[len("sqlite:") :].removeprefix("//").partition("?")[0].removeprefix("/")

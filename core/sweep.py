@@ -305,10 +305,8 @@ class ParentRun:
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
-        from runjob.tracking import HTTP_DEFAULTS, check_reachable, default_experiment, experiment_id, resolve_tracking_uri
+        from runjob.tracking import check_reachable, default_experiment, experiment_id, resolve_tracking_uri
 
-        for key, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
         uri = resolve_tracking_uri(job.tracking.uri)
         check_reachable(uri)
         experiment = default_experiment(job.tracking, job.job.name)

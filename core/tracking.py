@@ -64,9 +64,17 @@ def write_record(output_dir: Path, record: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
+def bound_http_retries() -> None:
+    """MLflow's HTTP retries for this process, as ``HTTP_DEFAULTS`` (the user's own environment
+    variables win)."""
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
 def check_reachable(uri: str, setting: str = "tracking.uri") -> None:
     """Fail within seconds, with a clear message, when a tracking server does not answer.
-    ``setting`` names where the URI came from, for the message."""
+    ``setting`` names where the URI came from, for the message. Also bounds MLflow's retries."""
+    bound_http_retries()
     if urllib.parse.urlparse(uri).scheme not in ("http", "https"):
         return
     url = uri.rstrip("/") + "/health"
@@ -214,8 +222,6 @@ class Recorder:
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunTag
 
-        for key, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
         self.tracking_uri = resolve_tracking_uri(tracking.uri)
         previous = read_record(self.output_dir) if resuming else {}
         self.record = previous or {
@@ -265,6 +271,7 @@ class Recorder:
         self.run_id, self.tracking_uri = run_id, tracking_uri
         self._open_metrics(f"metrics.node{self.machine_rank}.jsonl")
         if run_id and not offline:
+            bound_http_retries()
             self._client = MlflowClient(tracking_uri=tracking_uri)
             self._uploader = self._new_uploader()
 

@@ -99,3 +99,65 @@ def test_uploads_gather_queued_points_into_few_calls_in_order_and_stop_at_a_fail
     assert not failing.close(timeout=30)
     assert failing.failure == "ConnectionError: server gone" and failing.failed_at == "metrics of step 1"
     assert calls == ["tags after step 300"], "nothing is sent after a failure"
+
+
+@pytest.mark.parametrize("kind", ["pickle", "pt2"])
+def test_the_final_model_is_an_mlflow_model_with_the_saved_weights(tmp_path, kind):
+    from types import SimpleNamespace
+
+    import mlflow.pytorch
+    import torch
+    from safetensors.torch import save_file
+
+    from runjob.model_logging import save_mlflow_model
+
+    def build(options):
+        return torch.nn.Sequential(torch.nn.Linear(4, 3))
+
+    trained = build(None)
+    save_file(trained.state_dict(), tmp_path / "model.safetensors")
+    job = SimpleNamespace(
+        model=SimpleNamespace(name="tiny", options=None, component=SimpleNamespace(factory=build)),
+        tracking=SimpleNamespace(log_model=kind),
+    )
+    splits = SimpleNamespace(val=[(torch.zeros(4), 0)])
+    folder = save_mlflow_model(job, tmp_path, splits)
+    loaded = mlflow.pytorch.load_model(str(folder))
+    inputs = torch.randn(5, 4)
+    with torch.no_grad():
+        assert torch.equal(loaded(inputs), trained(inputs)), "the logged model must be the trained one, not a fresh one"
+
+
+def test_a_model_torch_export_refuses_is_an_error_not_a_fallback(tmp_path):
+    from types import SimpleNamespace
+
+    import torch
+    from safetensors.torch import save_file
+
+    from runjob.errors import TrainingError
+    from runjob.model_logging import save_mlflow_model
+
+    class DataDependent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 3)
+
+        def forward(self, x):
+            if x.sum() > 0:  # control flow on values: torch.export cannot trace it
+                return self.linear(x)
+            return -self.linear(x)
+
+    save_file(DataDependent().state_dict(), tmp_path / "model.safetensors")
+    job = SimpleNamespace(
+        model=SimpleNamespace(name="branchy", options=None, component=SimpleNamespace(factory=lambda options: DataDependent())),
+        tracking=SimpleNamespace(log_model="pt2"),
+    )
+    with pytest.raises(TrainingError, match=r"tracking.log_model = 'pt2': torch.export could not export model 'branchy'.*'pickle'"):
+        save_mlflow_model(job, tmp_path, SimpleNamespace(val=[(torch.ones(4), 0)]))
+
+
+def test_sync_of_a_folder_that_holds_no_run_is_one_clear_line(tmp_path, capsys):
+    from runjob.cli import main
+
+    assert main(["sync", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"runjob: {tmp_path}: no mlflow_run.json here: not the output folder of a runjob run"]
