@@ -1,7 +1,7 @@
 """runjob: a declarative training launcher. One TOML job file; pluggy plugins; Accelerate; MLflow.
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
-``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``StrategyPlan``, ``RunContext`` and the
+``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``ImageTensors``, ``StrategyPlan``, ``RunContext`` and the
 error types. Nothing here imports torch, accelerate or mlflow.
 """
 
@@ -18,6 +18,7 @@ _LAZY = {
     "ExistingFile": "runjob.components",
     "AbsolutePath": "runjob.components",
     "DatasetSplits": "runjob.components",
+    "ImageTensors": "runjob.components",
     "StrategyPlan": "runjob.components",
     "require_module": "runjob.components",
     "RunContext": "runjob.run_context",

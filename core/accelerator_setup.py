@@ -18,22 +18,37 @@ def build_accelerator(job: Any, plan: StrategyPlan) -> Any:
     """An Accelerator with the job's precision, accumulation, seeded sampling and strategy objects."""
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration
+    from accelerate.utils import DataLoaderConfiguration, TorchDynamoPlugin
 
     # Several processes on a machine without CUDA: Accelerate runs them as MULTI_CPU (gloo) only
     # when told to use the CPU; otherwise each would train alone, believing it is rank 0.
     cpu = job.train.cpu or (launched_processes() > 1 and not torch.cuda.is_available())
+    torch.backends.cudnn.benchmark = job.train.cudnn_benchmark
+    # compiled in accelerator.prepare, after DDP/FSDP wrapping, as Accelerate recommends; the job
+    # file decides, not an ACCELERATE_DYNAMO_* variable left over from `accelerate config`
+    dynamo = TorchDynamoPlugin(backend="inductor", mode=job.train.compile_mode) if job.train.compile else TorchDynamoPlugin(backend="no")
     try:
         return Accelerator(
             cpu=cpu,
             mixed_precision=job.train.mixed_precision,
             gradient_accumulation_steps=job.train.gradient_accumulation_steps,
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=job.job.seed),
+            # copies to the GPU overlap with compute when the batch is in pinned memory (dataset.pin_memory, on by default on CUDA)
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=job.job.seed, non_blocking=_pinned(job, cpu)),
             step_scheduler_with_optimizer=False,
+            dynamo_plugin=dynamo,
             **plan.accelerator_kwargs,
         )
     except (ValueError, RuntimeError) as error:  # e.g. bf16 on a GPU without it
         raise TrainingError(f"train.mixed_precision / strategy: Accelerate refused the setup: {error}") from None
+
+
+def _pinned(job: Any, cpu: bool) -> bool:
+    """Whether the DataLoaders pin their batches (the same rule as runjob.data_loading)."""
+    import torch
+
+    if job.loader.pin_memory is not None:
+        return job.loader.pin_memory
+    return not cpu and torch.cuda.is_available()
 
 
 def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:

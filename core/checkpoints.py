@@ -120,9 +120,18 @@ def load_checkpoint(run: Any, checkpoint: Path) -> Position:
 
 
 # What a resumed job may not change: it would no longer be the same training.
+# train.compile: a compiled model's checkpoint names its weights "_orig_mod.*", which a plain one can't load.
 MUST_MATCH = ("job.seed", "model", "dataset", "optimizer.name", "scheduler.name", "train.batch_size",
-              "train.gradient_accumulation_steps", "launch.num_processes")
+              "train.gradient_accumulation_steps", "launch.num_processes", "train.compile")
 LOADER_KEYS = ("dataset.num_workers", "dataset.pin_memory", "dataset.persistent_workers", "dataset.prefetch_factor")
+
+
+def without_compile(model: Any) -> Any:
+    """The prepared model without its ``torch.compile`` wrapper (still DDP/FSDP-wrapped), so that
+    ``accelerator.save_model`` writes the plain model's weight names, not ``_orig_mod.*``."""
+    from accelerate.utils import is_compiled_module
+
+    return model._orig_mod if is_compiled_module(model) else model
 
 
 def compare_jobs(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -167,7 +176,7 @@ class BestWeights:
             return False
         accelerator = run.accelerator
         accelerator.wait_for_everyone()
-        accelerator.save_model(run.model, self.folder, safe_serialization=True)
+        accelerator.save_model(without_compile(run.model), self.folder, safe_serialization=True)
         self.value, self.step = value, step
         if accelerator.is_main_process:
             state = {"metric": self.metric, "value": value, "step": step}

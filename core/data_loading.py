@@ -1,10 +1,18 @@
-"""DataLoaders for a job's datasets, with clear errors for data that cannot be batched."""
+"""DataLoaders for a job's datasets, with clear errors for data that cannot be batched.
+
+A ``Dataset`` split gets torch's DataLoader with the job's loader keys. An :class:`ImageTensors`
+split (the in-memory fast path) is moved to the training device once; its DataLoader yields
+indices in batches (so Accelerate shards, seeds and skips it as any other) and every batch is
+gathered, cropped, flipped and normalized there as whole tensors.
+"""
 
 from __future__ import annotations
 
+import zlib
+from array import array
 from typing import Any
 
-from runjob.components import DatasetSplits
+from runjob.components import DatasetSplits, ImageTensors
 from runjob.errors import DataError
 
 
@@ -23,6 +31,98 @@ def collate(batch: list[Any]) -> Any:
         ) from None
 
 
+def already_batched(batch: Any) -> Any:
+    """The collate function of :class:`BatchedImages`: its fetch returns whole batches."""
+    return batch
+
+
+def random_crop(images: Any, padding: int, generator: Any) -> Any:
+    """Every image cropped at its own random offset from a zero-padded copy, in one gather: what
+    ``RandomCrop(size, padding=padding)`` does image by image. Returns channels-last memory."""
+    import torch
+    import torch.nn.functional as F
+
+    count, _, height, width = images.shape
+    device = images.device
+    padded = F.pad(images, (padding, padding, padding, padding)).permute(0, 2, 3, 1)  # N, H+2p, W+2p, C
+    dy = torch.randint(0, 2 * padding + 1, (count, 1), generator=generator, device=device)
+    dx = torch.randint(0, 2 * padding + 1, (count, 1), generator=generator, device=device)
+    rows = (dy + torch.arange(height, device=device))[:, :, None]
+    cols = (dx + torch.arange(width, device=device))[:, None, :]
+    which = torch.arange(count, device=device)[:, None, None]
+    return padded[which, rows, cols].permute(0, 3, 1, 2)
+
+
+class BatchedImages:
+    """An :class:`ImageTensors` split on a device, as a map-style dataset whose batched fetch
+    (``__getitems__``, which torch's DataLoader calls with a batch's indices) builds the batch."""
+
+    def __init__(self, split: ImageTensors, device: Any, seed: int, augment: bool, channels_last: bool = False) -> None:
+        import torch
+
+        self.images = split.images.to(device)
+        self.labels = split.labels.to(device=device, dtype=torch.long)
+        scale = 255.0 if split.images.dtype == torch.uint8 else 1.0
+        self.mean = torch.tensor(split.mean, dtype=torch.float32, device=device).view(1, -1, 1, 1) * scale
+        self.std = torch.tensor(split.std, dtype=torch.float32, device=device).view(1, -1, 1, 1) * scale
+        self.padding = split.crop_padding if augment else 0
+        self.flip = split.flip and augment
+        self.seed = seed
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        inputs, targets = self.__getitems__([index])
+        return inputs[0], targets[0]
+
+    def __getitems__(self, indices: list[int]) -> tuple[Any, Any]:
+        import torch
+
+        which = torch.tensor(indices, device=self.images.device)
+        images = self.images[which]
+        if self.padding or self.flip:
+            generator = torch.Generator(device=self.images.device).manual_seed(self._batch_seed(indices))
+            if self.padding:
+                images = random_crop(images, self.padding, generator)
+            if self.flip:
+                flipped = torch.rand(len(indices), generator=generator, device=self.images.device) < 0.5
+                images = torch.where(flipped[:, None, None, None], images.flip(3), images)
+        inputs = ((images.float() - self.mean) / self.std).contiguous(memory_format=self.memory_format)
+        return inputs, self.labels[which]
+
+    def _batch_seed(self, indices: list[int]) -> int:
+        # The job's seed and the batch's samples: the same batch gets the same draws in a rerun
+        # and after a resume, whatever ran before it in this process.
+        return zlib.crc32(array("q", [self.seed, len(indices), *indices[:64]]).tobytes())
+
+
+def example_input(split: Any) -> Any:
+    """One input of the split, on the CPU, as the model sees it (for logging the model)."""
+    if isinstance(split, ImageTensors):
+        import torch
+
+        return BatchedImages(split, torch.device("cpu"), seed=0, augment=False)[0][0]
+    return split[0][0]
+
+
+def _check_in_memory_loader(job: Any) -> None:
+    """In-memory splits are batched on the device in this process: worker and pinning keys don't apply."""
+    loader = job.loader
+    set_keys = [
+        f"dataset.{key} = {str(value).lower()}"
+        for key, value in (("num_workers", loader.num_workers), ("pin_memory", loader.pin_memory), ("persistent_workers", loader.persistent_workers))
+        if value
+    ] + ([f"dataset.prefetch_factor = {loader.prefetch_factor}"] if loader.prefetch_factor is not None else [])
+    if set_keys:
+        raise DataError(
+            f"dataset {job.dataset.name!r} keeps its data in memory and builds each batch on the training device, without DataLoader "
+            f"workers or pinned memory: remove {', '.join(set_keys)} from the job (or turn the dataset's in-memory option off, "
+            "e.g. dataset.in_memory = false)"
+        )
+
+
 def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any, Any]:
     """Training (shuffled, seeded) and validation (in order, every sample once) DataLoaders."""
     import torch
@@ -38,21 +138,36 @@ def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any
             f"dataset {dataset_name!r} has {len(splits.train)} training samples, fewer than one batch "
             f"({job.train.batch_size} x {accelerator.num_processes} processes); lower train.batch_size or set train.drop_last = false"
         )
+    in_memory = [isinstance(data, ImageTensors) for data in (splits.train, splits.val)]
+    if any(in_memory):
+        _check_in_memory_loader(job)
     loader = job.loader
+    pin_memory = accelerator.device.type == "cuda" if loader.pin_memory is None else loader.pin_memory
     common = {
         "num_workers": loader.num_workers,
-        "pin_memory": accelerator.device.type == "cuda" if loader.pin_memory is None else loader.pin_memory,
+        "pin_memory": pin_memory,
         "persistent_workers": loader.persistent_workers,
         "prefetch_factor": loader.prefetch_factor,
         "collate_fn": collate,
     }
+    on_device = {"num_workers": 0, "pin_memory": False, "collate_fn": already_batched}
+    channels_last = job.train.channels_last
+
+    def dataset(data: Any, augment: bool) -> Any:
+        if isinstance(data, ImageTensors):
+            return BatchedImages(data, accelerator.device, job.job.seed, augment, channels_last)
+        return data
+
     train = DataLoader(
-        splits.train,
+        dataset(splits.train, augment=True),
         batch_size=job.train.batch_size,
         shuffle=True,
         drop_last=job.train.drop_last,
         generator=torch.Generator().manual_seed(job.job.seed),
-        **common,
+        **(on_device if in_memory[0] else common),
     )
-    val = DataLoader(splits.val, batch_size=job.train.eval_batch_size or job.train.batch_size, shuffle=False, **common)
+    val = DataLoader(
+        dataset(splits.val, augment=False), batch_size=job.train.eval_batch_size or job.train.batch_size, shuffle=False,
+        **(on_device if in_memory[1] else common),
+    )
     return train, val

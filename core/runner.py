@@ -14,7 +14,7 @@ from typing import Any
 import tomli_w
 
 from runjob.accelerator_setup import actual_setup, build_accelerator, check_setup
-from runjob.checkpoints import BestWeights, Position, compare_jobs, find_checkpoint, load_checkpoint, read_state, save_checkpoint
+from runjob.checkpoints import BestWeights, Position, compare_jobs, without_compile, find_checkpoint, load_checkpoint, read_state, save_checkpoint
 from runjob.errors import RunjobError, Terminated
 from runjob.outputs import choose_output_dir
 from runjob.redaction import redact_override, redact_tables
@@ -62,6 +62,10 @@ def _build(job: ResolvedJob, accelerator: Any):
     with accelerator.main_process_first():  # one process downloads, the others read its copy
         splits = job.dataset.component.factory(job.dataset.options)
     model = job.model.component.factory(job.model.options)
+    if job.train.channels_last:
+        import torch
+
+        model = model.to(memory_format=torch.channels_last)
     shapes_only = meta_model(lambda: job.model.component.factory(job.model.options))  # FLOPs, counted at the first batch
     optimizer = job.optimizer.component.factory(model.parameters(), job.optimizer.options)
     train_loader, val_loader = make_loaders(splits, job, accelerator)
@@ -137,7 +141,7 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, 
             count_flops=count_flops, peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
         ).fit()
         accelerator.wait_for_everyone()
-        accelerator.save_model(model, output_dir, safe_serialization=True)
+        accelerator.save_model(without_compile(model), output_dir, safe_serialization=True)
         if accelerator.is_main_process:
             _record_outputs(recorder, job, output_dir, best, splits)
     except (KeyboardInterrupt, Terminated) as interrupt:

@@ -51,6 +51,14 @@ class TrainTable(Options):
     """The validation metric that picks the best checkpoint (accuracy: highest; loss: lowest)."""
     peak_tflops: float | None = Field(None, gt=0)
     """The device's peak TFLOP/s for MFU, when runjob's table doesn't know the device."""
+    channels_last: bool = False
+    """Model weights and input batches in channels-last (NHWC) memory: faster convolutions on tensor-core GPUs."""
+    compile: bool = False
+    """``torch.compile`` the model (Accelerate's TorchDynamoPlugin, inductor backend); the first steps pay for compiling."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
+    """``torch.compile``'s mode, with ``compile = true``."""
+    cudnn_benchmark: bool = False
+    """Let cuDNN time its convolution algorithms for each input shape and keep the fastest (CUDA only)."""
     stop_signal: Literal["SIGUSR1", "SIGUSR2"] | None = None
     """A signal that, like SIGTERM and SIGINT, stops training after a checkpoint (e.g. Slurm's --signal)."""
 
@@ -60,6 +68,12 @@ class TrainTable(Options):
         if isinstance(data, dict) and data.get("epochs") is None and data.get("max_steps") is None:
             return {**data, "epochs": 1}
         return data
+
+    @model_validator(mode="after")
+    def _compile_mode_needs_compile(self) -> TrainTable:
+        if self.compile_mode != "default" and not self.compile:
+            raise ValueError(f'compile_mode = "{self.compile_mode}" needs compile = true')
+        return self
 
 
 class LaunchTable(Options):

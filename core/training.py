@@ -59,6 +59,15 @@ def _first_forward(model: Any, inputs: Any, job: Any) -> Any:
         ) from None
 
 
+def channels_last(inputs: Any) -> Any:
+    """A batch of images (4-D) in channels-last memory; anything else as it is."""
+    import torch
+
+    if getattr(inputs, "ndim", 0) == 4:
+        return inputs.contiguous(memory_format=torch.channels_last)
+    return inputs
+
+
 def evaluate(run: RunContext) -> dict[str, float]:
     """Loss and accuracy over the whole validation set, every sample counted once on all processes."""
     import torch
@@ -71,6 +80,8 @@ def evaluate(run: RunContext) -> dict[str, float]:
     count = 0
     with torch.no_grad():
         for inputs, targets in run.val_loader:
+            if run.job.train.channels_last:
+                inputs = channels_last(inputs)
             logits = model(inputs)
             losses = F.cross_entropy(logits.float(), targets, reduction="none")
             hits = logits.argmax(dim=-1) == targets
@@ -165,6 +176,7 @@ class TrainingLoop:
         self.peak_flops = peak_flops
         self.nonfinite = NonFiniteGuard(run.job.train.on_nonfinite, run.accelerator.device)
         self.last_metrics: dict[str, float] = {}
+        self.batches_done = 0
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""
@@ -196,9 +208,11 @@ class TrainingLoop:
             self.last_metrics.update(train_metrics)
             self.last_metrics.update(val_metrics)
             self._summary(epoch, time.perf_counter() - started)
-            finished_epoch = Position(self.step, epoch + 1, 0)
-            self._stop_if_asked(finished_epoch)
-            self.checkpoint(finished_epoch)
+            # train.max_steps may end the run inside an epoch: a resume with more steps goes on from there
+            whole = self.batches_done >= len(self.run.train_loader)
+            finished = Position(self.step, epoch + 1, 0) if whole else Position(self.step, epoch, self.batches_done)
+            self._stop_if_asked(finished)
+            self.checkpoint(finished)
         return self.last_metrics
 
     def _stop_if_asked(self, position: Position) -> None:
@@ -237,6 +251,8 @@ class TrainingLoop:
         metrics: dict[str, float] = {}
         try:
             for inputs, targets in batches:
+                if train.channels_last:
+                    inputs = channels_last(inputs)
                 with accelerator.accumulate(model):
                     if self.count_flops is not None and hasattr(inputs, "shape"):
                         self.flops_per_sample, self.count_flops = self.count_flops(inputs), None
@@ -287,6 +303,7 @@ class TrainingLoop:
                 metrics = self._log(loss_sum, micro_batches, samples, window_start)
         finally:
             progress.close()
+            self.batches_done = batches_done
         return metrics
 
     def _log(self, loss_sum: Any, micro_batches: int, samples: int, window_start: float) -> dict[str, float]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import Field, model_validator
 
-from runjob import DatasetSplits, Options, hookimpl, require_module
+from runjob import DatasetSplits, ImageTensors, Options, hookimpl, require_module
 
 
 class DigitsOptions(Options):
@@ -64,18 +64,18 @@ def split_indices(count: int, val_fraction: float, seed: int):
 
 
 def build_digits(options: DigitsOptions) -> DatasetSplits:
-    from torch.utils.data import TensorDataset
-
+    """The scans in memory (17 MB at 32x32), normalized to [-1, 1] batch by batch on the training device."""
     images, labels = digits_tensors(options.image_size)
-    images = (images - 0.5) / 0.5
     train_idx, val_idx = split_indices(len(labels), options.val_fraction, options.split_seed)
+    mean, std = [0.5] * 3, [0.5] * 3
+    normalized = (images - 0.5) / 0.5
     return DatasetSplits(
-        train=TensorDataset(images[train_idx], labels[train_idx]),
-        val=TensorDataset(images[val_idx], labels[val_idx]),
+        train=ImageTensors(images[train_idx], labels[train_idx], mean, std),
+        val=ImageTensors(images[val_idx], labels[val_idx], mean, std),
         num_classes=10,
         classes=[str(d) for d in range(10)],
         source="sklearn.datasets.load_digits",
-        digest=hashlib.sha256(images.numpy().tobytes() + labels.numpy().tobytes()).hexdigest()[:16],
+        digest=hashlib.sha256(normalized.numpy().tobytes() + labels.numpy().tobytes()).hexdigest()[:16],
     )
 
 

@@ -6,9 +6,9 @@ import hashlib
 
 from pathlib import Path
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from runjob import AbsolutePath, DataError, DatasetSplits, ExistingDir, Options, hookimpl
+from runjob import AbsolutePath, DataError, DatasetSplits, ExistingDir, ImageTensors, Options, hookimpl
 
 CIFAR_MEAN = [0.4914, 0.4822, 0.4465]
 CIFAR_STD = [0.2470, 0.2435, 0.2616]
@@ -26,6 +26,9 @@ class CIFAR10Options(Options):
     """The folder holding cifar-10-batches-py/ (or where to download it)."""
     augment: bool = True
     """Random crop (padding 4) and horizontal flip for training."""
+    in_memory: bool = True
+    """Keep the decoded images (150 MB) on the training device and crop, flip and normalize whole
+    batches there; false: torchvision's per-image transforms in the DataLoader (and its workers)."""
 
     @field_validator("root")
     @classmethod
@@ -42,6 +45,9 @@ class ImageFolderOptions(Options):
     """Resize every image to image_size x image_size; by default images keep their size."""
     augment: bool = False
     """Random horizontal flip for training."""
+    in_memory: bool = False
+    """Decode every image once at the start and keep them all on the training device (the images must
+    have one size: set image_size); batches are then flipped and normalized there as whole tensors."""
     mean: list[float] = Field(default_factory=lambda: list(IMAGENET_MEAN))
     std: list[float] = Field(default_factory=lambda: list(IMAGENET_STD))
 
@@ -86,6 +92,8 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
     if options.augment:
         train_tf = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(), transforms.ToTensor(), normalize])
 
+    if options.in_memory:  # the arrays as torchvision read them; the transforms run batched on the device
+        train_tf = eval_tf = None
     cifar = datasets.CIFAR10
     if not options.verify:
 
@@ -113,9 +121,22 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
         ) from None
     except Exception as error:  # a corrupt pickle batch
         raise DataError(f"cannot read CIFAR-10 from {folder}: {type(error).__name__}: {error}") from None
+    train_classes = train.classes
+    digest = _cifar_digest(train, val)
+    if options.in_memory:
+        train, val = _cifar_tensors(train, options.augment), _cifar_tensors(val, False)
     return DatasetSplits(
-        train=train, val=val, num_classes=len(train.classes), classes=list(train.classes), source=str(folder.resolve()), digest=_cifar_digest(train, val),
+        train=train, val=val, num_classes=len(train_classes), classes=list(train_classes), source=str(folder.resolve()), digest=digest,
     )
+
+
+def _cifar_tensors(split, augment: bool) -> ImageTensors:
+    """torchvision's decoded CIFAR arrays (N, 32, 32, 3 uint8) as ImageTensors with the same augmentation."""
+    import torch
+
+    images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()
+    labels = torch.tensor(split.targets, dtype=torch.long)
+    return ImageTensors(images, labels, CIFAR_MEAN, CIFAR_STD, crop_padding=4 if augment else 0, flip=augment)
 
 
 def _cifar_digest(train, val) -> str:
@@ -156,9 +177,28 @@ def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
         val = datasets.ImageFolder(str(root / "val"), transform=transforms.Compose(resize + tail), loader=_read_image)
     except FileNotFoundError as error:  # a class folder without any image
         raise DataError(f"{error} (dataset.root = {root})") from None
-    return DatasetSplits(
-        train=train, val=val, num_classes=len(train.classes), classes=list(train.classes), source=str(root.resolve()), digest=_listing_digest(root),
-    )
+    classes = list(train.classes)
+    if options.in_memory:
+        train = _decoded(train, options, flip=options.augment)
+        val = _decoded(val, options, flip=False)
+    return DatasetSplits(train=train, val=val, num_classes=len(classes), classes=classes, source=str(root.resolve()), digest=_listing_digest(root))
+
+
+def _decoded(folder, options: ImageFolderOptions, flip: bool) -> ImageTensors:
+    """Every image of an ImageFolder decoded once (resized when image_size is set) into one uint8 tensor."""
+    import torch
+    from torchvision import transforms
+
+    resize = [transforms.Resize((options.image_size, options.image_size))] if options.image_size else []
+    folder.transform = transforms.Compose([*resize, transforms.PILToTensor()])
+    images = [folder[index][0] for index in range(len(folder))]
+    sizes = sorted({tuple(image.shape[1:]) for image in images})
+    if len(sizes) > 1:
+        raise DataError(
+            f"dataset.in_memory = true needs images of one size, but {folder.root} holds {len(sizes)} sizes "
+            f"({', '.join('x'.join(map(str, size)) for size in sizes[:4])}{', ...' if len(sizes) > 4 else ''}): set dataset.image_size"
+        )
+    return ImageTensors(torch.stack(images), torch.tensor(folder.targets, dtype=torch.long), options.mean, options.std, flip=flip)
 
 
 class SyntheticOptions(Options):
@@ -167,20 +207,37 @@ class SyntheticOptions(Options):
     image_size: int = Field(32, ge=1)
     num_classes: int = Field(10, ge=2)
     seed: int = Field(0, ge=0)
+    in_memory: bool = True
+    """Batches built on the training device from one tensor; false: a TensorDataset through the DataLoader."""
+    augment: bool = False
+    """With in_memory: CIFAR's random crop (padding 4) and flip, batched on the device (to measure their cost)."""
+
+    @model_validator(mode="after")
+    def _augment_needs_in_memory(self) -> "SyntheticOptions":
+        if self.augment and not self.in_memory:
+            raise ValueError("augment = true needs in_memory = true")
+        return self
 
 
 def build_synthetic(options: SyntheticOptions) -> DatasetSplits:
-    """Random images and labels of CIFAR's shape by default: for throughput checks, not learning."""
+    """Random uint8 images and labels of CIFAR's shape by default: for throughput checks, not learning."""
     import torch
     from torch.utils.data import TensorDataset
 
     generator = torch.Generator().manual_seed(options.seed)
     size = (3, options.image_size, options.image_size)
+    mean, std = [127.5 / 255] * 3, [64 / 255] * 3  # roughly zero mean, unit spread
 
-    def split(count: int) -> TensorDataset:
-        return TensorDataset(torch.randn(count, *size, generator=generator), torch.randint(0, options.num_classes, (count,), generator=generator))
+    def split(count: int, augment: bool):
+        images = torch.randint(0, 256, (count, *size), generator=generator, dtype=torch.uint8)
+        labels = torch.randint(0, options.num_classes, (count,), generator=generator)
+        if options.in_memory:
+            return ImageTensors(images, labels, mean, std, crop_padding=4 if augment else 0, flip=augment)
+        scaled = (images.float() / 255 - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
+        return TensorDataset(scaled, labels)
 
-    return DatasetSplits(train=split(options.num_train), val=split(options.num_val), num_classes=options.num_classes)
+    train = split(options.num_train, options.augment)
+    return DatasetSplits(train=train, val=split(options.num_val, False), num_classes=options.num_classes)
 
 
 @hookimpl

@@ -7,7 +7,25 @@ from pydantic import Field, model_validator
 from runjob import Options, hookimpl
 
 
-class SGDOptions(Options):
+class ImplementationOptions(Options):
+    """torch.optim's implementation choice; unset leaves it to torch (foreach on CUDA, for-loop on CPU)."""
+
+    foreach: bool | None = None
+    """Update all parameters with a few multi-tensor kernels instead of a Python loop over them."""
+    fused: bool | None = None
+    """One fused kernel for the whole update (CUDA and CPU)."""
+
+    @model_validator(mode="after")
+    def _one_implementation(self):
+        if self.foreach and self.fused:
+            raise ValueError("foreach = true and fused = true cannot both be set: choose one")
+        return self
+
+    def implementation(self) -> dict:
+        return {"foreach": self.foreach, "fused": self.fused}
+
+
+class SGDOptions(ImplementationOptions):
     lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     nesterov: bool = False
@@ -20,7 +38,7 @@ class SGDOptions(Options):
         return self
 
 
-class AdamOptions(Options):
+class AdamOptions(ImplementationOptions):
     lr: float = Field(1e-3, gt=0)
     betas: list[float] = Field(default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2)
     eps: float = Field(1e-8, gt=0)
@@ -40,19 +58,20 @@ class AdamWOptions(AdamOptions):
 def build_sgd(params, options: SGDOptions):
     import torch
 
-    return torch.optim.SGD(params, lr=options.lr, momentum=options.momentum, nesterov=options.nesterov, weight_decay=options.weight_decay)
+    return torch.optim.SGD(params, lr=options.lr, momentum=options.momentum, nesterov=options.nesterov, weight_decay=options.weight_decay,
+                           **options.implementation())
 
 
 def build_adam(params, options: AdamOptions):
     import torch
 
-    return torch.optim.Adam(params, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay)
+    return torch.optim.Adam(params, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay, **options.implementation())
 
 
 def build_adamw(params, options: AdamWOptions):
     import torch
 
-    return torch.optim.AdamW(params, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay)
+    return torch.optim.AdamW(params, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay, **options.implementation())
 
 
 @hookimpl

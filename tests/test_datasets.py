@@ -12,7 +12,7 @@ from runjob.plugins.image_datasets import CIFAR10Options, build_cifar10
 
 def test_cifar10_reads_python_batches(tmp_path):
     root = write_cifar_batches(tmp_path / "cifar", per_batch=20)
-    splits = build_cifar10(CIFAR10Options(root=str(root), download=False, verify=False))
+    splits = build_cifar10(CIFAR10Options(root=str(root), download=False, verify=False, in_memory=False))
     assert len(splits.train) == 100 and len(splits.val) == 20
     assert splits.num_classes == 10 and splits.classes[0] == "airplane"
     image, label = splits.train[0]
@@ -23,7 +23,7 @@ def test_cifar10_training_images_are_augmented_validation_not(tmp_path):
     import torch
 
     root = write_cifar_batches(tmp_path / "cifar", per_batch=4)
-    splits = build_cifar10(CIFAR10Options(root=str(root), download=False, verify=False))
+    splits = build_cifar10(CIFAR10Options(root=str(root), download=False, verify=False, in_memory=False))
     torch.manual_seed(0)
     crops = [splits.train[0][0] for _ in range(8)]
     assert any(not torch.equal(crops[0], c) for c in crops[1:]), "random crop/flip should vary"
@@ -67,9 +67,8 @@ def test_digits_split_is_fixed_and_disjoint():
     assert len(a.val) == round(1797 * 0.2)
     import torch
 
-    assert torch.equal(a.val.tensors[0], b.val.tensors[0])
-    image, label = a.train[0]
-    assert tuple(image.shape) == (3, 32, 32)
+    assert torch.equal(a.val.images, b.val.images) and torch.equal(a.val.labels, b.val.labels)
+    assert tuple(a.train.images.shape[1:]) == (3, 32, 32) and a.train.mean == [0.5] * 3
     from runjob.plugins.digits import split_indices
 
     train_idx, val_idx = split_indices(1797, 0.2, seed=0)

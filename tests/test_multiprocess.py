@@ -50,13 +50,40 @@ CHECK_PLUGIN = """
         import torch
         return torch.nn.Linear(8, 4)
 
+    def build_indexed_images(options):
+        """The same data held in memory (runjob.ImageTensors of shape (N, 8, 1, 1)), batched by the host."""
+        import torch
+        def split(count, offset):
+            x = torch.randn(count, 8, generator=torch.Generator().manual_seed(123 + offset))
+            return runjob.ImageTensors(x.view(count, 8, 1, 1), torch.arange(count) % 4, [0.0] * 8, [1.0] * 8)
+        return runjob.DatasetSplits(split(options.train_size, 0), split(options.val_size, 1), num_classes=4)
+
+    def build_probe(options):
+        """linear4 on flattened inputs, noting which training samples it is given (found by their features)."""
+        import torch
+        class Probe(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(8, 4)
+                table = torch.randn(64, 8, generator=torch.Generator().manual_seed(123))
+                self.index = {round(v, 5): i for i, v in enumerate(table[:, 0].tolist())}
+            def forward(self, x):
+                x = x.flatten(1)
+                if self.training:
+                    for v in x[:, 0].tolist():
+                        note("seen", self.index[round(v, 5)])
+                return self.linear(x)
+        return Probe()
+
     @runjob.hookimpl
     def runjob_register_datasets(register):
         register("indexed", build_indexed, options=IndexedOptions)
+        register("indexed_images", build_indexed_images, options=IndexedOptions)
 
     @runjob.hookimpl
     def runjob_register_models(register):
         register("linear4", build_linear)
+        register("probe4", build_probe)
 
     @runjob.hookimpl
     def runjob_after_step(run, step):
@@ -74,9 +101,9 @@ LINEAR_JOB = """
     [job]
     name = "{name}"
     [model]
-    name = "linear4"
+    name = "{model}"
     [dataset]
-    name = "indexed"
+    name = "{dataset}"
     [optimizer]
     name = "sgd"
     lr = 0.5
@@ -125,9 +152,14 @@ def ok(result):
     return result.returncode == 0 or "SIGABRT" in result.stderr
 
 
-def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, check_site):
-    write_job(tmp_path / "two.toml", LINEAR_JOB.format(name="two") + "batch_size = 8\n")
-    write_job(tmp_path / "one.toml", LINEAR_JOB.format(name="one") + "batch_size = 16\n")
+def linear_job(name: str, model: str = "linear4", dataset: str = "indexed") -> str:
+    return LINEAR_JOB.format(name=name, model=model, dataset=dataset)
+
+
+@pytest.mark.parametrize("model, dataset", [("linear4", "indexed"), ("probe4", "indexed_images")], ids=["dataset", "in-memory"])
+def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, check_site, model, dataset):
+    write_job(tmp_path / "two.toml", linear_job("two", model, dataset) + "batch_size = 8\n")
+    write_job(tmp_path / "one.toml", linear_job("one", model, dataset) + "batch_size = 16\n")
     two = runjob(tmp_path, check_site, "two.toml", "--num-processes", "2", "--output-dir", "out-two")
     assert ok(two), two.stderr[-3000:]
     assert "2 process(es) on cpu" in two.stdout
@@ -165,7 +197,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, check_si
 def test_two_simulated_machines_make_one_job(tmp_path, check_site):
     import subprocess
 
-    write_job(tmp_path / "job.toml", LINEAR_JOB.format(name="machines") + "batch_size = 8\n")
+    write_job(tmp_path / "job.toml", linear_job("machines") + "batch_size = 8\n")
     port = str(free_port())
     common = ["--num-processes", "2", "--num-machines", "2", "--main-process-ip", "127.0.0.1", "--main-process-port", port]
     env = clean_env(tmp_path, [check_site])
@@ -196,7 +228,7 @@ def test_two_simulated_machines_make_one_job(tmp_path, check_site):
 
 
 def test_a_dead_worker_stops_the_whole_job_which_then_resumes(tmp_path, check_site):
-    write_job(tmp_path / "job.toml", LINEAR_JOB.format(name="dies") + "batch_size = 8\ncheckpoint_every = 1\n")
+    write_job(tmp_path / "job.toml", linear_job("dies") + "batch_size = 8\ncheckpoint_every = 1\n")
     started = time.monotonic()
     result = runjob(tmp_path, check_site, "job.toml", "--num-processes", "2", "--output-dir", "out", env_extra={"DIE_AT_STEP": "3"}, timeout=180)
     assert result.returncode != 0
@@ -226,7 +258,7 @@ def test_processes_started_by_srun_find_each_other(tmp_path, check_site):
     import signal
     import subprocess
 
-    write_job(tmp_path / "job.toml", LINEAR_JOB.format(name="srun") + "batch_size = 8\n")
+    write_job(tmp_path / "job.toml", linear_job("srun") + "batch_size = 8\n")
     port = str(free_port())
     tasks = []
     for rank in (0, 1):
