@@ -77,7 +77,23 @@ def check_torch(job: ResolvedJob | None = None) -> list[Check]:
         checks = [Check("torch", "ok", f"{torch.__version__}, CUDA {torch.version.cuda}, {len(gpus)} GPU(s): {listed}")]
     if job is not None:
         checks.append(_mixed_precision(job, torch))
+        if job.train.compile:
+            checks.append(_compile_toolchain(job, torch))
     return checks
+
+
+def _compile_toolchain(job: ResolvedJob, torch: Any) -> Check:
+    """train.compile: inductor writes C++ kernels on a CPU (a C++ compiler) and Triton kernels on CUDA."""
+    import importlib.util
+
+    if torch.cuda.is_available() and not job.train.cpu:
+        if importlib.util.find_spec("triton") is None:
+            return Check("compile", "fail", "train.compile = true on CUDA needs Triton (pip install triton), which is missing")
+        return Check("compile", "ok", "train.compile = true: Triton is installed for CUDA kernels")
+    compiler = os.environ.get("CXX") or next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
+    if compiler is None:
+        return Check("compile", "fail", "train.compile = true on the CPU needs a C++ compiler (g++ or clang++; or set CXX); none found")
+    return Check("compile", "ok", f"train.compile = true on the CPU: C++ compiler {compiler}")
 
 
 def _mixed_precision(job: ResolvedJob, torch: Any) -> Check:

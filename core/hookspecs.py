@@ -47,7 +47,9 @@ def runjob_register_datasets(register):
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
     once per dataset. ``factory(options) -> runjob.DatasetSplits`` returns the training
     and validation ``torch.utils.data.Dataset`` objects (items are ``(input, class_index)`` pairs)
-    and the number of classes. The host adds the DataLoader keys (``num_workers``, ``pin_memory``,
+    and the number of classes. A split that fits in memory may instead be a
+    ``runjob.ImageTensors`` (one image tensor, labels, normalization, crop and flip): the host then
+    keeps it on the training device and builds each batch there as whole tensors. The host adds the DataLoader keys (``num_workers``, ``pin_memory``,
     ``persistent_workers``, ``prefetch_factor``) to every dataset table; the options model must
     not declare them. Validate paths in the options model (e.g. with ``runjob.ExistingDir``) so a
     missing folder is reported before anything is read.

@@ -161,6 +161,16 @@ def test_bf16_and_no_precision_pass_on_the_cpu(make_job):
         assert check.status == "ok", check
 
 
+@cpu_only
+def test_compile_on_the_cpu_needs_a_cxx_compiler(make_job, monkeypatch):
+    assert [c.name for c in doctor.check_torch(make_job())] == ["torch", "mixed precision"]  # not asked, not checked
+    assert by_name(doctor.check_torch(make_job("train.compile=true")), "compile").status == "ok"  # g++ is on this machine
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
+    check = by_name(doctor.check_torch(make_job("train.compile=true")), "compile")
+    assert check.status == "fail" and "C++ compiler" in check.detail
+
+
 def test_no_precision_check_without_a_job():
     assert [c.name for c in doctor.check_torch()] == ["torch"]
 
