@@ -51,7 +51,7 @@ CHECK_PLUGIN = """
         return torch.nn.Linear(8, 4)
 
     def build_indexed_images(options):
-        """The same data held in memory (runjob.ImageTensors of shape (N, 8, 1, 1)), batched by the host."""
+        \"\"\"The same data held in memory (runjob.ImageTensors of shape (N, 8, 1, 1)), batched by the host.\"\"\"
         import torch
         def split(count, offset):
             x = torch.randn(count, 8, generator=torch.Generator().manual_seed(123 + offset))
@@ -59,7 +59,7 @@ CHECK_PLUGIN = """
         return runjob.DatasetSplits(split(options.train_size, 0), split(options.val_size, 1), num_classes=4)
 
     def build_probe(options):
-        """linear4 on flattened inputs, noting which training samples it is given (found by their features)."""
+        \"\"\"linear4 on flattened inputs, noting which training samples it is given (found by their features).\"\"\"
         import torch
         class Probe(torch.nn.Module):
             def __init__(self):
