@@ -80,7 +80,11 @@ class BatchedImages:
     def __getitems__(self, indices: list[int]) -> tuple[Any, Any]:
         import torch
 
-        which = torch.tensor(indices, device=self.images.device)
+        which = torch.tensor(indices)
+        if self.images.device.type == "cuda":
+            # from pinned memory, without blocking: a plain copy would wait for the GPU to finish
+            # every step queued so far, and the next step could not be queued ahead
+            which = which.pin_memory().to(self.images.device, non_blocking=True)
         images = self.images[which]
         if self.padding or self.flip:
             generator = torch.Generator(device=self.images.device).manual_seed(self._batch_seed(indices))
