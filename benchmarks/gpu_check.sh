@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # GPU check: the headline model on synthetic CIFAR-sized data for a fixed number of steps under
 # ddp, fsdp and deepspeed, printing what really ran (from the MLflow tags), images/s and peak GPU
-# memory for each. Run by hand on a machine with NVIDIA GPUs, from the repository root:
+# memory for each. Then, on one GPU, benchmarks/fastpath.py --part options: ResNet-18 with the
+# CIFAR stem, batch 512, on CIFAR-format files the script writes, runjob's base job (fp32) against
+# the same job with one option changed (channels_last, compile, foreach, fused, bf16,
+# in_memory_off, cudnn_benchmark, all_on); it prints a line per run, the table (samples/s, ratio vs
+# baseline, MFU, peak GiB, verdict) and the fastest variant against the goal of 60,000 images/s.
+# Run by hand on a machine with NVIDIA GPUs, from the repository root:
 #     uv run bash benchmarks/gpu_check.sh     # all GPUs of this machine (inside the environment)
 #     NPROC=1 uv run bash benchmarks/gpu_check.sh
+#     FASTPATH=0 uv run bash benchmarks/gpu_check.sh                       # the strategies only
+#     FASTPATH_ARGS="--steps 200 --reps 3" uv run bash benchmarks/gpu_check.sh   # a longer fast-path run
 # Needs the project installed (uv sync, or pip install -e '.[deepspeed]' for the deepspeed line).
+# Expected to take well under 15 minutes on one H200: the strategies ~2, the fast path ~6-9
+# (18 runs of 110 steps, most of it process start-up and compile's compiling; not yet timed there).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNJOB=${RUNJOB:-runjob}
@@ -49,4 +58,16 @@ print(f"{strategy:<10} {code:<6} {tags.get('runjob.distributed_type', '-'):<12} 
       f"{tags.get('runjob.mixed_precision', '-'):<9} {speed:<12} {peak:<14} {note}")
 PY
 done
+
+# The fast path on one GPU: each option against the base job (the default: 100 timed steps after 10
+# warm-up, 2 interleaved repetitions; the in_memory_off variant with 8 DataLoader workers).
+if [ "${FASTPATH:-1}" != 0 ]; then
+  FASTPATH_ARGS=${FASTPATH_ARGS:---steps 100 --reps 2 --num-workers 8}
+  echo
+  echo "fast path: $PYTHON benchmarks/fastpath.py --part options --batch 512 --cifar-stem $FASTPATH_ARGS"
+  # shellcheck disable=SC2086  # FASTPATH_ARGS is a list of flags
+  "$PYTHON" benchmarks/fastpath.py --part options --batch 512 --cifar-stem $FASTPATH_ARGS \
+    --json "$OUT/fastpath_options.json" 2>&1 | tee "$OUT/fastpath.log"
+  echo "fast path exit ${PIPESTATUS[0]}; raw numbers in $OUT/fastpath_options.json"
+fi
 echo "logs and runs in $OUT"
