@@ -10,8 +10,8 @@ steps, through
 * ``accelerate``: the HF Accelerate quick-start loop: ``Accelerator()``, ``prepare(model,
   optimizer, dataloader)``, forward, ``F.cross_entropy``, ``accelerator.backward``, step, zero_grad.
 
-Two input paths, each for both loops: ``tensor`` (in-memory random tensors, runjob's ``synthetic``
-dataset and the same tensors in a TensorDataset by hand) and ``png`` (torchvision ImageFolder over
+Two input paths, each for both loops: ``tensor`` (in-memory random tensors through the DataLoader:
+runjob's ``synthetic`` dataset with ``in_memory = false`` and random tensors in a TensorDataset by hand) and ``png`` (torchvision ImageFolder over
 scikit-learn's digits exported as PNG files, decoded with PIL every step; hard links repeat the
 1,437 training images so one epoch covers every timed step).
 
@@ -46,7 +46,9 @@ LR, MOMENTUM, SEED = 0.01, 0.9, 0
 def job_toml(args: argparse.Namespace) -> str:
     total = args.warmup + args.steps
     if args.input == "tensor":
-        dataset = f'name = "synthetic"\nnum_train = {total * args.batch}\nnum_val = {args.batch}\nimage_size = {args.image_size}\n'
+        # in_memory = false: through the DataLoader as a TensorDataset, the hand-written loop's data path
+        # (runjob's in-memory batching is measured against it in fastpath.py)
+        dataset = f'name = "synthetic"\nnum_train = {total * args.batch}\nnum_val = {args.batch}\nimage_size = {args.image_size}\nin_memory = false\n'
     else:
         dataset = f'name = "imagefolder"\nroot = "{args.png_root}"\n'
     if args.num_workers:
