@@ -75,15 +75,17 @@ def runjob_after_step(run, step, epoch, loss):
 '''
 
 
-def make_timer_plugin(root: Path) -> Path:
-    """Lay out the timer plugin as an installed distribution in ``root`` (dist-info with a
-    ``runjob`` entry point, as tests/conftest.py's make_plugin_dist does); put ``root`` on
-    ``sys.path`` or ``PYTHONPATH`` and runjob loads it like any plugin. Named to load last."""
-    info = root / "runjob_bench_timer-0.0.0.dist-info"
+def make_timer_plugin(root: Path, module: str = "runjob_bench_timer", source: str = TIMER_PLUGIN) -> Path:
+    """Lay out a timer plugin (``source``, importable as ``module``) as an installed distribution
+    in ``root`` (dist-info with a ``runjob`` entry point, as tests/conftest.py's make_plugin_dist
+    does); put ``root`` on ``sys.path`` or ``PYTHONPATH`` and runjob loads it like any plugin.
+    Its entry point is named to load last."""
+    info = root / f"{module}-0.0.0.dist-info"
     info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runjob-bench-timer\nVersion: 0.0.0\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text("[runjob]\nzzz_bench_timer = runjob_bench_timer\n", encoding="utf-8")
-    (root / "runjob_bench_timer.py").write_text(textwrap.dedent(TIMER_PLUGIN).lstrip(), encoding="utf-8")
+    dist = module.replace("_", "-")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.0\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(f"[runjob]\nzzz_{module.removeprefix('runjob_')} = {module}\n", encoding="utf-8")
+    (root / f"{module}.py").write_text(textwrap.dedent(source).lstrip(), encoding="utf-8")
     return root
 
 

@@ -100,16 +100,6 @@ def runjob_after_step(run, step, epoch, loss):
 '''
 
 
-def make_timer_plugin(root: Path) -> Path:
-    """The timer as an installed distribution in ``root`` (as common.make_timer_plugin lays it out)."""
-    info = root / "runjob_fastpath_timer-0.0.0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: runjob-fastpath-timer\nVersion: 0.0.0\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text("[runjob]\nzzz_fastpath_timer = runjob_fastpath_timer\n", encoding="utf-8")
-    (root / "runjob_fastpath_timer.py").write_text(textwrap.dedent(TIMER_PLUGIN).lstrip(), encoding="utf-8")
-    return root
-
-
 # ---------------------------------------------------------------- workers (one per subprocess)
 
 def job_toml(spec: dict) -> str:
@@ -374,7 +364,7 @@ def main() -> int:
     }
     with tempfile.TemporaryDirectory(prefix="runjob-bench-fastpath-") as tmp:
         work = Path(tmp)
-        plugin_root = make_timer_plugin(work / "plugin")
+        plugin_root = common.make_timer_plugin(work / "plugin", "runjob_fastpath_timer", TIMER_PLUGIN)
         cifar_root = write_cifar(work / "cifar10", num_train=(total + 2) * batch, num_test=batch)
         base = {
             "model": args.model, "cifar_stem": cifar_stem, "cifar_root": str(cifar_root), "warmup": warmup, "steps": steps, "batch": batch,
