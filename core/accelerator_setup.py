@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from runjob.components import StrategyPlan
+from runjob.data_loading import pins_memory
 from runjob.errors import TrainingError
 from runjob.launcher import launched_processes
 
@@ -33,22 +34,13 @@ def build_accelerator(job: Any, plan: StrategyPlan) -> Any:
             mixed_precision=job.train.mixed_precision,
             gradient_accumulation_steps=job.train.gradient_accumulation_steps,
             # copies to the GPU overlap with compute when the batch is in pinned memory (dataset.pin_memory, on by default on CUDA)
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=job.job.seed, non_blocking=_pinned(job, cpu)),
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=job.job.seed, non_blocking=pins_memory(job, not cpu and torch.cuda.is_available())),
             step_scheduler_with_optimizer=False,
             dynamo_plugin=dynamo,
             **plan.accelerator_kwargs,
         )
     except (ValueError, RuntimeError) as error:  # e.g. bf16 on a GPU without it
         raise TrainingError(f"train.mixed_precision / strategy: Accelerate refused the setup: {error}") from None
-
-
-def _pinned(job: Any, cpu: bool) -> bool:
-    """Whether the DataLoaders pin their batches (the same rule as runjob.data_loading)."""
-    import torch
-
-    if job.loader.pin_memory is not None:
-        return job.loader.pin_memory
-    return not cpu and torch.cuda.is_available()
 
 
 def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:

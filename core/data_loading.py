@@ -102,6 +102,12 @@ class BatchedImages:
         return zlib.crc32(array("q", [self.seed, len(indices), *indices[:64]]).tobytes())
 
 
+def pins_memory(job: Any, on_cuda: bool) -> bool:
+    """Whether a Dataset split's DataLoader pins its batches: ``dataset.pin_memory``, by default
+    when training on CUDA. Accelerate then copies them to the GPU without blocking."""
+    return on_cuda if job.loader.pin_memory is None else job.loader.pin_memory
+
+
 def example_input(split: Any) -> Any:
     """One input of the split, on the CPU, as the model sees it (for logging the model)."""
     if isinstance(split, ImageTensors):
@@ -146,10 +152,9 @@ def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any
     if any(in_memory):
         _check_in_memory_loader(job)
     loader = job.loader
-    pin_memory = accelerator.device.type == "cuda" if loader.pin_memory is None else loader.pin_memory
     common = {
         "num_workers": loader.num_workers,
-        "pin_memory": pin_memory,
+        "pin_memory": pins_memory(job, accelerator.device.type == "cuda"),
         "persistent_workers": loader.persistent_workers,
         "prefetch_factor": loader.prefetch_factor,
         "collate_fn": collate,

@@ -195,6 +195,7 @@ def runjob_run_start(run):
         "compiled": is_compiled_module(run.model),
         "weights_channels_last": conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous(),
         "optimizer_fused": run.optimizer.param_groups[0].get("fused"),
+        "cudnn_benchmark": torch.backends.cudnn.benchmark,  # a flag only, on a CPU: set from the job all the same
     }
     with open(os.path.join(run.output_dir, "probe.json"), "w") as f:
         json.dump(seen, f)
@@ -226,16 +227,16 @@ def probe_site(tmp_path):
     return make_plugin_dist(tmp_path / "site", "fake-probe", "1.0", {"probe": "fake_probe"}, {"fake_probe": PROBE_PLUGIN})
 
 
-def test_compiled_channels_last_fused_run_trains_saves_and_resumes(runjob_cli, tmp_path, probe_site):
+def test_compiled_channels_last_fused_cudnn_benchmark_run_trains_saves_and_resumes(runjob_cli, tmp_path, probe_site):
     import torch
     from safetensors.torch import load_file
 
     write_job(tmp_path / "job.toml", TINY_DIGITS)
-    fast = ("--set", "train.compile=true", "--set", "train.channels_last=true", "--set", "optimizer.fused=true")
+    fast = ("--set", "train.compile=true", "--set", "train.channels_last=true", "--set", "optimizer.fused=true", "--set", "train.cudnn_benchmark=true")
     result = runjob_cli("job.toml", *fast, "--output-dir", "fast", extra_path=[probe_site])
     assert result.returncode == 0, result.stderr[-3000:]
     probe = json.loads((tmp_path / "fast" / "probe.json").read_text())
-    assert probe == {"compiled": True, "weights_channels_last": True, "optimizer_fused": True}
+    assert probe == {"compiled": True, "weights_channels_last": True, "optimizer_fused": True, "cudnn_benchmark": True}
     weights = load_file(tmp_path / "fast" / "model.safetensors")
     assert not any(key.startswith("_orig_mod") for key in weights)  # saved as the plain model
     plain = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
@@ -246,7 +247,7 @@ def test_compiled_channels_last_fused_run_trains_saves_and_resumes(runjob_cli, t
 
     baseline = runjob_cli("job.toml", "--output-dir", "plain", extra_path=[probe_site])
     assert baseline.returncode == 0, baseline.stderr[-3000:]
-    assert json.loads((tmp_path / "plain" / "probe.json").read_text()) == {"compiled": False, "weights_channels_last": False, "optimizer_fused": None}
+    assert json.loads((tmp_path / "plain" / "probe.json").read_text()) == {"compiled": False, "weights_channels_last": False, "optimizer_fused": None, "cudnn_benchmark": False}
     reference = load_file(tmp_path / "plain" / "model.safetensors")
     for key, value in reference.items():  # the same training, up to kernel rounding
         assert torch.allclose(weights[key], value, atol=1e-3), key
