@@ -149,9 +149,9 @@ def read_metrics(path: Path) -> list[list]:
 
 def worker_runjob(spec: dict) -> dict:
     sys.path.insert(0, spec["plugin_root"])  # the timer plugin's dist-info
-    from runjob.plugin_host import load_plugins
-    from runjob.runner import run_job
-    from runjob.validation import load_resolved
+    from runjob.host.plugin_host import load_plugins
+    from runjob.train.runner import run_job
+    from runjob.job.validation import load_resolved
 
     work = Path(spec["work"])
     host = load_plugins()
@@ -470,8 +470,8 @@ def main() -> int:
 def check_variants(job_file: Path, overrides: dict[str, list[str]]) -> None:
     """Every variant's job passes runjob's checks before anything runs (no torch needed for that)."""
     from runjob.errors import JobError
-    from runjob.plugin_host import load_plugins
-    from runjob.validation import load_resolved
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
 
     host = load_plugins()
     for variant, sets in overrides.items():

@@ -4,7 +4,7 @@ Same model (torchvision ResNet-18, num_classes=10, the unmodified ImageNet stem:
 same data, batch size, precision (fp32), optimizer (SGD lr 0.01, momentum 0.9) and number of
 steps, through
 
-* ``runjob``: ``runjob.runner.run_job``, the function ``runjob JOB`` calls, in-process (so start-up
+* ``runjob``: ``runjob.train.runner.run_job``, the function ``runjob JOB`` calls, in-process (so start-up
   is not timed), with tracking offline (metrics.jsonl only; MLflow's cost is benchmarks/tracking.py)
   and its defaults otherwise (log_every 10, system metrics every 10 s, on_nonfinite "stop");
 * ``accelerate``: the HF Accelerate quick-start loop: ``Accelerator()``, ``prepare(model,
@@ -82,9 +82,9 @@ log_model = "none"
 
 def worker_runjob(args: argparse.Namespace) -> dict:
     sys.path.insert(0, args.plugin_root)  # the timer plugin's dist-info
-    from runjob.plugin_host import load_plugins
-    from runjob.runner import run_job
-    from runjob.validation import load_resolved
+    from runjob.host.plugin_host import load_plugins
+    from runjob.train.runner import run_job
+    from runjob.job.validation import load_resolved
 
     work = Path(args.work)
     job_file = work / f"job-{args.input}.toml"

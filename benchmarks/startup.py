@@ -84,7 +84,7 @@ sys.path.insert(0, sys.argv[1])
 import runjob_bench_timer
 runjob_bench_timer.PROFILER = profiler = cProfile.Profile()
 profiler.enable()
-from runjob.cli import main
+from runjob.commands.cli import main
 sys.exit(main(sys.argv[2:]))
 """
 

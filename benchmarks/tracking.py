@@ -3,7 +3,7 @@
 A local ``mlflow server`` (127.0.0.1, a free port, its own sqlite store and artifact folder in a
 temporary folder; ``--workers 1`` and MLflow's job runner off, so it is one process plus uvicorn)
 is started for the benchmark and stopped at the end. The same run, ``train.log_every = 1``, goes
-through ``runjob.runner.run_job`` in-process (one subprocess per repetition) either to that server
+through ``runjob.train.runner.run_job`` in-process (one subprocess per repetition) either to that server
 (``online``: each log step appends to metrics.jsonl and queues one ``log_batch`` for the
 background uploader thread) or with ``tracking.offline = true`` (metrics.jsonl only). The two run
 interleaved; throughput is samples/s after the warm-up steps, timed by a runjob plugin's
@@ -73,9 +73,9 @@ log_every = 1
 
 def worker(args: argparse.Namespace) -> dict:
     sys.path.insert(0, args.plugin_root)
-    from runjob.plugin_host import load_plugins
-    from runjob.runner import run_job
-    from runjob.validation import load_resolved
+    from runjob.host.plugin_host import load_plugins
+    from runjob.train.runner import run_job
+    from runjob.job.validation import load_resolved
 
     work = Path(args.work)
     job_file = work / f"job-{args.worker}.toml"

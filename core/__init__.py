@@ -8,20 +8,20 @@ error types. Nothing here imports torch, accelerate or mlflow.
 from importlib import import_module
 from typing import Any
 
-from runjob.hookspecs import hookimpl
+from runjob.host.hookspecs import hookimpl
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "Options": "runjob.components",
-    "ExistingDir": "runjob.components",
-    "ExistingFile": "runjob.components",
-    "AbsolutePath": "runjob.components",
-    "DatasetSplits": "runjob.components",
-    "ImageTensors": "runjob.components",
-    "StrategyPlan": "runjob.components",
-    "require_module": "runjob.components",
-    "RunContext": "runjob.run_context",
+    "Options": "runjob.host.components",
+    "ExistingDir": "runjob.host.components",
+    "ExistingFile": "runjob.host.components",
+    "AbsolutePath": "runjob.host.components",
+    "DatasetSplits": "runjob.host.components",
+    "ImageTensors": "runjob.host.components",
+    "StrategyPlan": "runjob.host.components",
+    "require_module": "runjob.host.components",
+    "RunContext": "runjob.host.run_context",
     "RunjobError": "runjob.errors",
     "DataError": "runjob.errors",
     "TrainingError": "runjob.errors",

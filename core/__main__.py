@@ -1,5 +1,5 @@
 """``python -m runjob`` is the ``runjob`` command (also for ``torchrun -m runjob``)."""
 
-from runjob.cli import main
+from runjob.commands.cli import main
 
 raise SystemExit(main())

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from runjob.checkpoints import Position, compare_jobs, complete_checkpoints, save_checkpoint
+from runjob.train.checkpoints import Position, compare_jobs, complete_checkpoints, save_checkpoint
 from runjob.errors import RunjobError
 
 

@@ -14,7 +14,7 @@ HEAVY = ("torch", "torchvision", "mlflow", "accelerate")
 def imported_after(tmp_path, call: str) -> list[str]:
     """Which heavy modules are imported after running ``call`` (Python source) in a fresh process."""
     code = (
-        "import sys\nfrom runjob.cli import main\n"
+        "import sys\nfrom runjob.commands.cli import main\n"
         f"try:\n    {call}\nexcept SystemExit:\n    pass\n"
         f"print('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )

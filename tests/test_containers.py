@@ -263,7 +263,7 @@ def test_the_copied_files_build_the_project(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "runjob/cli.py" in names and "runjob/plugins/torchvision_models.py" in names
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
-    assert "runjob = runjob.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "runjob = runjob.commands.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
 
 def test_build_and_run_lines_are_documented_and_match_the_image():

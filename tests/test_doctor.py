@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from conftest import write_job
-from runjob import doctor
-from runjob.plugin_host import PluginFailure, PluginHost, load_plugins
-from runjob.validation import load_resolved
+from runjob.commands import doctor
+from runjob.host.plugin_host import PluginFailure, PluginHost, load_plugins
+from runjob.job.validation import load_resolved
 
 NO_CUDA = not torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(not NO_CUDA, reason="asserts what happens on a machine without CUDA")
@@ -123,7 +123,7 @@ def test_versions_are_reported():
 
 
 def test_importing_the_doctor_imports_no_heavy_library():
-    code = "import sys, runjob.doctor; print(sorted(m for m in ('torch', 'mlflow', 'accelerate') if m in sys.modules))"
+    code = "import sys, runjob.commands.doctor; print(sorted(m for m in ('torch', 'mlflow', 'accelerate') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from conftest import make_plugin_dist, write_cifar_batches, write_job
-from runjob.components import ImageTensors
-from runjob.data_loading import BatchedImages, example_input
+from runjob.host.components import ImageTensors
+from runjob.train.data_loading import BatchedImages, example_input
 from runjob.errors import DataError
 from runjob.plugins.image_datasets import CIFAR_MEAN, CIFAR_STD, CIFAR10Options, ImageFolderOptions, build_cifar10, build_imagefolder
 

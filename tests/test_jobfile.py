@@ -6,7 +6,7 @@ import pytest
 
 from conftest import write_job
 from runjob.errors import JobError
-from runjob.jobfile import key_lines, load_job, parse_override_value
+from runjob.job.jobfile import key_lines, load_job, parse_override_value
 
 
 def test_syntax_error_names_file_line_and_column(tmp_path):

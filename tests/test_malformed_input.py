@@ -11,7 +11,8 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runjob import cli, plugin_host
+from runjob.commands import cli
+from runjob.host import plugin_host
 
 KNOWN_KEYS = ["name", "seed", "epochs", "batch_size", "lr", "num_classes", "root", "max_steps", "mixed_precision", "uri", "tags", "num_processes"]
 TABLES = ["job", "model", "dataset", "optimizer", "scheduler", "strategy", "train", "launch", "tracking", "trian", "extra"]

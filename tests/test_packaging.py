@@ -40,14 +40,14 @@ def test_wheel_holds_the_package_plugins_and_entry_points(wheel):
     assert "runjob/plugins/torchvision_models.py" in names and "runjob/plugins/digits.py" in names
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "[console_scripts]\nrunjob = runjob.cli:main" in text
+    assert "[console_scripts]\nrunjob = runjob.commands.cli:main" in text
     assert "[runjob]" in text and "torchvision_models = runjob.plugins.torchvision_models" in text
 
 
 def test_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
     target = tmp_path / "site"
     pip("install", "--no-deps", "--target", str(target), str(wheel), cwd=tmp_path)
-    code = "import runjob, runjob.plugins; print(runjob.__file__); from runjob.cli import main; main(['plugins'])"
+    code = "import runjob, runjob.plugins; print(runjob.__file__); from runjob.commands.cli import main; main(['plugins'])"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(tmp_path, [target]), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith(str(target))

@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from conftest import make_plugin_dist, write_job
-from runjob import hookspecs
+from runjob.host import hookspecs
 from runjob.errors import JobError
-from runjob.plugin_host import ComponentLookupError, load_plugins
-from runjob.validation import load_resolved
+from runjob.host.plugin_host import ComponentLookupError, load_plugins
+from runjob.job.validation import load_resolved
 
 TINY_MODEL_PLUGIN = """
     import runjob

@@ -9,9 +9,9 @@ import pytest
 
 from conftest import free_port, write_job
 from runjob.errors import RunjobError, TrackingError
-from runjob.plugin_host import load_plugins
-from runjob.provenance import job_sources
-from runjob.validation import load_resolved
+from runjob.host.plugin_host import load_plugins
+from runjob.record.provenance import job_sources
+from runjob.job.validation import load_resolved
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -32,7 +32,7 @@ def test_job_sources_name_the_file_line_base_override_or_default(tmp_path):
 def test_flops_are_counted_on_a_shapes_only_model():
     import torch
 
-    from runjob.flops import meta_model, training_flops_per_sample
+    from runjob.train.flops import meta_model, training_flops_per_sample
 
     def build():
         return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
@@ -53,7 +53,7 @@ def test_flops_are_counted_on_a_shapes_only_model():
 
 
 def test_sync_reads_every_point_and_leaves_out_only_a_torn_last_line(tmp_path):
-    from runjob.sync import read_metric_points
+    from runjob.record.sync import read_metric_points
 
     lines = [json.dumps({"key": "train/loss", "value": 1.0 / s, "step": s, "timestamp": 1000 + s}) for s in range(1, 4)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"key": "train/lo')
@@ -66,7 +66,7 @@ def test_sync_reads_every_point_and_leaves_out_only_a_torn_last_line(tmp_path):
 
 
 def test_a_tracking_server_that_is_not_there_is_named_with_the_way_out():
-    from runjob.tracking import check_reachable
+    from runjob.record.tracking import check_reachable
 
     uri = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(TrackingError) as refused:
@@ -78,7 +78,7 @@ def test_a_tracking_server_that_is_not_there_is_named_with_the_way_out():
 
 
 def test_uploads_gather_queued_points_into_few_calls_in_order_and_stop_at_a_failure():
-    from runjob.tracking import Uploader
+    from runjob.record.tracking import Uploader
 
     sent, calls = [], []
     uploader = Uploader(lambda metrics: sent.append(list(metrics)))
@@ -109,7 +109,7 @@ def test_the_final_model_is_an_mlflow_model_with_the_saved_weights(tmp_path, kin
     import torch
     from safetensors.torch import save_file
 
-    from runjob.model_logging import save_mlflow_model
+    from runjob.record.model_logging import save_mlflow_model
 
     def build(options):
         return torch.nn.Sequential(torch.nn.Linear(4, 3))
@@ -135,7 +135,7 @@ def test_a_model_torch_export_refuses_is_an_error_not_a_fallback(tmp_path):
     from safetensors.torch import save_file
 
     from runjob.errors import TrainingError
-    from runjob.model_logging import save_mlflow_model
+    from runjob.record.model_logging import save_mlflow_model
 
     class DataDependent(torch.nn.Module):
         def __init__(self):
@@ -157,7 +157,7 @@ def test_a_model_torch_export_refuses_is_an_error_not_a_fallback(tmp_path):
 
 
 def test_sync_of_a_folder_that_holds_no_run_is_one_clear_line(tmp_path, capsys):
-    from runjob.cli import main
+    from runjob.commands.cli import main
 
     assert main(["sync", str(tmp_path)]) == 2
     assert capsys.readouterr().err.splitlines() == [f"runjob: {tmp_path}: no mlflow_run.json here: not the output folder of a runjob run"]

@@ -17,7 +17,7 @@ import pytest
 from conftest import write_job
 from test_training import SMALL_DIGITS
 
-from runjob.cli import main
+from runjob.commands.cli import main
 
 T0 = 1_780_000_000_000  # ms; the runs start a minute apart from here
 JOB_KEYS = {"model.name": "resnet18", "train.epochs": "6", "dataset.root": "data/digits", "tracking.tags.api_token": "***"}
@@ -172,7 +172,7 @@ def test_rerun_hands_cmd_run_the_job_tags_and_store(store, capsys, tmp_path, mon
         seen.update(vars(args), text=Path(args.job).read_text(), tags=os.environ["RUNJOB_RUN_TAGS"], uri=os.environ.get("MLFLOW_TRACKING_URI"))
         return 0
 
-    monkeypatch.setattr("runjob.cli.cmd_run", fake_cmd_run)
+    monkeypatch.setattr("runjob.commands.cli.cmd_run", fake_cmd_run)
     code, _, err = _cli(capsys, "rerun", ids["secret"], "--tracking-uri", uri, "--set", "tracking.tags.api_token=abc", "--num-processes", "1", "--output-dir", "again")
     assert code == 0, err
     assert seen["job"] == Path("again/rerun_source.toml") and seen["text"] == VALID_JOB
@@ -191,10 +191,10 @@ def test_rerun_trains_the_recorded_job_again(runjob_cli, tmp_path, empty_mlflow_
     from mlflow import MlflowClient
     from mlflow.entities import Param
 
-    from runjob.plugin_host import load_plugins
-    from runjob.redaction import redact_tables
-    from runjob.tracking import flatten
-    from runjob.validation import load_resolved
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.redaction import redact_tables
+    from runjob.record.tracking import flatten
+    from runjob.job.validation import load_resolved
 
     write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="again") + '[tracking]\nlog_model = "none"\nsystem_metrics_interval = 0\n')
     job = redact_tables(load_resolved(tmp_path / "job.toml", ["train.max_steps=2", "optimizer.lr=0.001"], load_plugins()).to_dict())

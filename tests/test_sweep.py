@@ -11,12 +11,12 @@ import pytest
 
 from conftest import write_job
 from test_training import SMALL_DIGITS
-from runjob.cli import main
-from runjob.jobfile import parse_override_value
-from runjob.plugin_host import load_plugins
-from runjob.schema import SweepRange, SweepTable
-from runjob.sweep import Trial, grid_points, make_plan, read_result, toml_value
-from runjob.validation import load_resolved
+from runjob.commands.cli import main
+from runjob.job.jobfile import parse_override_value
+from runjob.host.plugin_host import load_plugins
+from runjob.job.schema import SweepRange, SweepTable
+from runjob.commands.sweep import Trial, grid_points, make_plan, read_result, toml_value
+from runjob.job.validation import load_resolved
 
 BASE = SMALL_DIGITS.format(name="sw")
 

@@ -8,8 +8,8 @@ import pytest
 
 from conftest import write_job
 from runjob.errors import JobError
-from runjob.plugin_host import load_plugins
-from runjob.validation import load_resolved
+from runjob.host.plugin_host import load_plugins
+from runjob.job.validation import load_resolved
 
 CONTRACT = """
     [job]
@@ -188,7 +188,7 @@ def test_launch_table_is_checked(contract, host):
 
 
 def test_plan_shows_batches_precision_strategy_and_warnings(contract, host):
-    from runjob.plan import plan_lines
+    from runjob.job.plan import plan_lines
 
     job = load_resolved(contract, ["launch.num_processes=4", "train.gradient_accumulation_steps=2", "train.mixed_precision=fp16", "strategy.name=fsdp"], host)
     text = "\n".join(plan_lines(job, has_gpu=False))

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from runjob.components import StrategyPlan
-from runjob.data_loading import pins_memory
+from runjob.host.components import StrategyPlan
+from runjob.train.data_loading import pins_memory
 from runjob.errors import TrainingError
-from runjob.launcher import launched_processes
+from runjob.train.launcher import launched_processes
 
 
 def build_accelerator(job: Any, plan: StrategyPlan) -> Any:

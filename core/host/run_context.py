@@ -11,7 +11,7 @@ from typing import Any
 class RunContext:
     """The run in progress, as passed to ``runjob_run_start`` and the other event hooks.
 
-    ``job`` is the :class:`runjob.validation.ResolvedJob`; ``accelerator`` the
+    ``job`` is the :class:`runjob.job.validation.ResolvedJob`; ``accelerator`` the
     ``accelerate.Accelerator``; ``model``, ``optimizer`` and the loaders are the prepared objects;
     ``scheduler`` may be ``None``; ``mlflow_run_id`` is set on the main process only.
     """

@@ -137,7 +137,7 @@ def without_compile(model: Any) -> Any:
 def compare_jobs(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Differences between the checkpoint's job and this one: (refused, allowed), as
     ``key: old -> new`` lines."""
-    from runjob.tracking import flatten
+    from runjob.record.tracking import flatten
 
     old, new = flatten(saved), flatten(current)
     refused, allowed = [], []

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runjob.plugin_host import PluginHost
-    from runjob.validation import ResolvedJob
+    from runjob.host.plugin_host import PluginHost
+    from runjob.job.validation import ResolvedJob
 
 SHM_PATH = "/dev/shm"
 MIN_SHM_BYTES = 1 << 30  # 1 GiB
@@ -208,7 +208,7 @@ def _check_sqlite(uri: str, source: str) -> Check:
 def check_plugins(host: PluginHost | None = None) -> list[Check]:
     """A failure per plugin that did not load and per component name registered twice."""
     if host is None:
-        from runjob.plugin_host import load_plugins
+        from runjob.host.plugin_host import load_plugins
 
         host = load_plugins()
     checks = [

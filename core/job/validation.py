@@ -14,11 +14,11 @@ from typing import Any
 import tomli_w
 from pydantic import BaseModel, ValidationError
 
-from runjob.components import Component, Options
+from runjob.host.components import Component, Options
 from runjob.errors import JobError, Problem
-from runjob.jobfile import RawJob, load_job
-from runjob.plugin_host import ComponentLookupError, PluginHost
-from runjob.schema import (
+from runjob.job.jobfile import RawJob, load_job
+from runjob.host.plugin_host import ComponentLookupError, PluginHost
+from runjob.job.schema import (
     COMPONENT_TABLES,
     DEFAULT_COMPONENTS,
     HOST_TABLES,

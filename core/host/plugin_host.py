@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import pluggy
 
-from runjob import hookspecs
-from runjob.components import KINDS, PLURALS, Component, NoOptions, Options
+from runjob.host import hookspecs
+from runjob.host.components import KINDS, PLURALS, Component, NoOptions, Options
 
 ENTRY_POINT_GROUP = "runjob"
 

@@ -12,7 +12,7 @@ import zlib
 from array import array
 from typing import Any
 
-from runjob.components import DatasetSplits, ImageTensors
+from runjob.host.components import DatasetSplits, ImageTensors
 from runjob.errors import DataError
 
 

@@ -1,7 +1,7 @@
 """The host's own job-file tables: ``[job]``, ``[train]``, ``[tracking]`` and the DataLoader keys.
 
 Component tables (``[model]``, ``[dataset]``, ...) are declared by the plugins that provide them;
-see :mod:`runjob.components`.
+see :mod:`runjob.host.components`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from runjob.components import Options
+from runjob.host.components import Options
 
 COMPONENT_TABLES = ("model", "dataset", "optimizer", "scheduler", "strategy")
 HOST_TABLES = ("job", "train", "launch", "tracking")
@@ -166,7 +166,7 @@ class SweepRange(Options):
 
 class SweepTable(Options):
     """``[sweep]``: the trials ``runjob sweep`` runs. ``parameters`` maps dotted job keys to a list
-    of values to try or a :class:`SweepRange`; :mod:`runjob.validation` checks them."""
+    of values to try or a :class:`SweepRange`; :mod:`runjob.job.validation` checks them."""
 
     method: Literal["grid", "random", "tpe"] = "grid"
     trials: int | None = Field(None, ge=1)

@@ -23,7 +23,7 @@ def save_mlflow_model(job: Any, output_dir: Path, splits: Any) -> Path:
     import torchvision
     from accelerate.utils import load_checkpoint_in_model
 
-    from runjob.data_loading import example_input
+    from runjob.train.data_loading import example_input
 
     model = job.model.component.factory(job.model.options)
     load_checkpoint_in_model(model, str(output_dir))

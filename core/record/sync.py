@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError
-from runjob.tracking import (
+from runjob.record.tracking import (
     RUN_RECORD,
     check_reachable,
     experiment_id,

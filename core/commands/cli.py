@@ -127,15 +127,15 @@ def _print_problems(message: str) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from runjob.plugin_host import load_plugins
-    from runjob.validation import load_resolved
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
 
-    from runjob.plan import plan_lines
+    from runjob.job.plan import plan_lines
 
     host = load_plugins()
     job = load_resolved(args.job, _overrides(args), host)
     if job.sweep is not None:
-        from runjob.sweep import check_values
+        from runjob.commands.sweep import check_values
 
         check_values(job, host)
         _note_sweep("the resolved job printed is the base job, without it (its values were checked)")
@@ -150,9 +150,9 @@ def _note_sweep(what_happens: str) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from runjob.doctor import collect_checks, exit_code, report_json, report_text
-    from runjob.plugin_host import load_plugins
-    from runjob.validation import load_resolved
+    from runjob.commands.doctor import collect_checks, exit_code, report_json, report_text
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
 
     host = load_plugins()
     job = load_resolved(args.job, args.overrides, host) if args.job else None
@@ -162,8 +162,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from runjob.components import PLURALS
-    from runjob.plugin_host import load_plugins
+    from runjob.host.components import PLURALS
+    from runjob.host.plugin_host import load_plugins
 
     host = load_plugins()
     for info in host.plugins:
@@ -182,10 +182,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runjob.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
-    from runjob.outputs import choose_output_dir
-    from runjob.plugin_host import load_plugins
-    from runjob.validation import load_resolved
+    from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
+    from runjob.record.outputs import choose_output_dir
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
 
     overrides = _overrides(args)
     host = load_plugins()
@@ -193,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     job = load_resolved(args.job, overrides, host)
     launch = job.launch
     if job.sweep is not None and not is_worker():
-        from runjob.tracking import extra_run_tags
+        from runjob.record.tracking import extra_run_tags
 
         if "runjob.sweep.trial" not in extra_run_tags():  # a sweep's own trial
             _note_sweep("this trains the base job as written")
@@ -202,7 +202,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif launch.num_processes > 1 or launch.num_machines > 1:
         output_dir = args.output_dir if args.resume else choose_output_dir(job.job.name, args.output_dir)
         return launch_workers(launch, args.job, overrides, output_dir, resume=args.resume)
-    from runjob.runner import run_job
+    from runjob.train.runner import run_job
 
     return run_job(job, host, output_dir=args.output_dir, resume=args.resume)
 
@@ -213,11 +213,11 @@ def _command(name: str):
     if name in local:
         return local[name]
     if name in ("runs", "diff", "rerun"):
-        from runjob import run_queries as module
+        from runjob.commands import runs as module
     elif name == "sync":
-        from runjob import sync as module
+        from runjob.record import sync as module
     else:
-        from runjob import sweep as module
+        from runjob.commands import sweep as module
     return getattr(module, f"cmd_{name}")
 
 

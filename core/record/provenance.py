@@ -6,9 +6,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from runjob.jobfile import OVERRIDE_SOURCE
-from runjob.redaction import redact_tables
-from runjob.tracking import flatten
+from runjob.job.jobfile import OVERRIDE_SOURCE
+from runjob.job.redaction import redact_tables
+from runjob.record.tracking import flatten
 
 
 def job_sources(job: Any) -> dict[str, dict[str, Any]]:
@@ -46,7 +46,7 @@ def git_tags(job_file: Path) -> dict[str, str]:
     tags = {"mlflow.source.git.commit": commit, "runjob.git.dirty": "true" if git("status", "--porcelain") else "false"}
     remote = git("config", "--get", "remote.origin.url")
     if remote:
-        from runjob.redaction import redact_text
+        from runjob.job.redaction import redact_text
 
         tags["mlflow.source.git.repoURL"] = redact_text(remote)
     branch = git("rev-parse", "--abbrev-ref", "HEAD")
@@ -61,7 +61,7 @@ def dataset_lineage(job: Any, splits: Any) -> dict[str, str]:
     import hashlib
     import json
 
-    from runjob.components import DatasetSplits
+    from runjob.host.components import DatasetSplits
 
     assert isinstance(splits, DatasetSplits)
     options = job.to_dict()["dataset"]

@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runjob.checkpoints import Position
+from runjob.train.checkpoints import Position
 from runjob.errors import Terminated, TrainingError
-from runjob.run_context import RunContext
+from runjob.host.run_context import RunContext
 
 
 @dataclass

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from runjob.errors import JobError, Problem, RunjobError, Terminated, TrackingError, user_message
-from runjob.jobfile import RawJob, apply_override
-from runjob.plugin_host import PluginHost
-from runjob.schema import SWEEP_TABLE, SweepRange, SweepTable
-from runjob.tracking import RUN_RECORD, RUN_TAGS_ENV
-from runjob.validation import ResolvedJob, resolve
+from runjob.job.jobfile import RawJob, apply_override
+from runjob.host.plugin_host import PluginHost
+from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
+from runjob.record.tracking import RUN_RECORD, RUN_TAGS_ENV
+from runjob.job.validation import ResolvedJob, resolve
 
 TRIALS_FILE = "trials.json"  # every trial's overrides, status, value and run; in the sweep folder and on the parent run
 USER_MISTAKE_EXIT = 2  # a trial that exits with this stops the sweep: every other trial would repeat it
@@ -305,7 +305,7 @@ class ParentRun:
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
-        from runjob.tracking import check_reachable, default_experiment, experiment_id, resolve_tracking_uri
+        from runjob.record.tracking import check_reachable, default_experiment, experiment_id, resolve_tracking_uri
 
         uri = resolve_tracking_uri(job.tracking.uri)
         check_reachable(uri)
@@ -345,7 +345,7 @@ def _job_file_text(job: ResolvedJob) -> str:
     """The job file as written; where the job holds a secret, its tables with the secrets hidden."""
     import tomli_w
 
-    from runjob.redaction import redact_tables
+    from runjob.job.redaction import redact_tables
 
     hidden = redact_tables(job.source.data)
     return job.source.path.read_text(encoding="utf-8") if hidden == job.source.data else tomli_w.dumps(hidden)
@@ -384,7 +384,7 @@ def best_trial(trials: list[Trial], direction: str) -> Trial | None:
 
 def _parent_tags(job: ResolvedJob, overrides: list[str], sweep_dir: Path) -> dict[str, str]:
     from runjob import __version__
-    from runjob.redaction import redact_override, redact_tables
+    from runjob.job.redaction import redact_override, redact_tables
 
     return {
         **redact_tables(dict(job.tracking.tags)),
@@ -398,9 +398,9 @@ def _parent_tags(job: ResolvedJob, overrides: list[str], sweep_dir: Path) -> dic
 
 def _prepare(args: argparse.Namespace) -> tuple[ResolvedJob, GridPlan | OptunaPlan, Path]:
     """Everything checked before the parent run exists: the job, every value, Optuna, the folder."""
-    from runjob.outputs import choose_output_dir
-    from runjob.plugin_host import load_plugins
-    from runjob.validation import load_resolved
+    from runjob.record.outputs import choose_output_dir
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
 
     host = load_plugins()
     job = load_resolved(args.job, args.overrides, host)

@@ -13,19 +13,19 @@ from typing import Any
 
 import tomli_w
 
-from runjob.accelerator_setup import actual_setup, build_accelerator, check_setup
-from runjob.checkpoints import BestWeights, Position, compare_jobs, without_compile, find_checkpoint, load_checkpoint, read_state, save_checkpoint
+from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
+from runjob.train.checkpoints import BestWeights, Position, compare_jobs, without_compile, find_checkpoint, load_checkpoint, read_state, save_checkpoint
 from runjob.errors import RunjobError, Terminated
-from runjob.outputs import choose_output_dir
-from runjob.redaction import redact_override, redact_tables
-from runjob.plugin_host import PluginHost
-from runjob.run_context import RunContext
-from runjob.provenance import dataset_lineage, git_tags, job_sources
-from runjob.tracking import Recorder, default_experiment, extra_run_tags, flatten
-from runjob.training import StopRequest, TrainingLoop, plan_schedule
-from runjob.flops import meta_model, peak_flops, training_flops_per_sample
-from runjob.system_metrics import SystemMetricsSampler
-from runjob.validation import ResolvedJob
+from runjob.record.outputs import choose_output_dir
+from runjob.job.redaction import redact_override, redact_tables
+from runjob.host.plugin_host import PluginHost
+from runjob.host.run_context import RunContext
+from runjob.record.provenance import dataset_lineage, git_tags, job_sources
+from runjob.record.tracking import Recorder, default_experiment, extra_run_tags, flatten
+from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
+from runjob.train.flops import meta_model, peak_flops, training_flops_per_sample
+from runjob.record.system_metrics import SystemMetricsSampler
+from runjob.job.validation import ResolvedJob
 
 
 def _tags(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path) -> dict[str, str]:
@@ -57,7 +57,7 @@ def _tags(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path
 
 def _build(job: ResolvedJob, accelerator: Any):
     """Dataset, model, optimizer and loaders, prepared; then the scheduler for the real step count."""
-    from runjob.data_loading import make_loaders
+    from runjob.train.data_loading import make_loaders
 
     with accelerator.main_process_first():  # one process downloads, the others read its copy
         splits = job.dataset.component.factory(job.dataset.options)
@@ -199,7 +199,7 @@ def _record_outputs(recorder: Recorder, job: ResolvedJob, output_dir: Path, best
         recorder.log_artifact(output_dir / "best" / "model.safetensors", "best")
         recorder.log_artifact(output_dir / "best" / "best.json", "best")
     if job.tracking.log_model != "none":
-        from runjob.model_logging import save_mlflow_model
+        from runjob.record.model_logging import save_mlflow_model
 
         folder = save_mlflow_model(job, output_dir, splits)
         recorder.log_artifact(folder, "model")

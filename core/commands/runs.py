@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from runjob.errors import RunjobError, TrackingError
-from runjob.redaction import HIDDEN
-from runjob.tracking import RUN_TAGS_ENV, resolve_tracking_uri
+from runjob.job.redaction import HIDDEN
+from runjob.record.tracking import RUN_TAGS_ENV, resolve_tracking_uri
 
 KEY_METRICS = ("val/accuracy", "val/loss", "train/loss")  # the final metrics `runs` shows
 TABLE_WIDTH = 120  # `runs` shows as many differing job keys as fit in this many characters
@@ -42,7 +42,7 @@ def open_store(uri: str):
     silently create an empty one, and every query would then find nothing)."""
     from mlflow import MlflowClient
 
-    from runjob.tracking import check_reachable
+    from runjob.record.tracking import check_reachable
 
     check_reachable(uri, "--tracking-uri or $MLFLOW_TRACKING_URI")
     if uri.lower().startswith("sqlite:"):
@@ -329,7 +329,7 @@ def hidden_keys(tables: dict[str, Any], prefix: str = "") -> list[str]:
 
 def _check_secrets_given(job: dict[str, Any], overrides: list[str], run_id: str) -> None:
     """Refuse a job with hidden secrets unless ``--set`` gives each of them (or a table above it)."""
-    from runjob.jobfile import split_dotted
+    from runjob.job.jobfile import split_dotted
 
     given = [".".join(split_dotted(o.partition("=")[0])) for o in overrides]
     missing = [k for k in hidden_keys(job) if not any(k == g or k.startswith(g + ".") for g in given)]
@@ -367,10 +367,10 @@ def _rerun_environment(args: argparse.Namespace, job: dict[str, Any]) -> dict[st
 def cmd_rerun(args: argparse.Namespace) -> int:
     """``runjob rerun RUN_ID``: train run RUN_ID's recorded job again, as ``runjob run`` would, with
     any ``--set`` changes; the new run is tagged ``runjob.rerun_of = RUN_ID``."""
-    from runjob.cli import LAUNCH_FLAGS, _overrides, cmd_run
-    from runjob.outputs import choose_output_dir
-    from runjob.plugin_host import load_plugins
-    from runjob.validation import load_resolved
+    from runjob.commands.cli import LAUNCH_FLAGS, _overrides, cmd_run
+    from runjob.record.outputs import choose_output_dir
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
 
     uri = resolve_tracking_uri(args.tracking_uri)
     client = open_store(uri)

@@ -2,7 +2,7 @@
 
 The result is a plain nested dict plus an *origin* for every key (file and line, or the override
 that set it), so later checks can point at the exact place a wrong value was written. Nothing here
-knows which tables or components exist; that is :mod:`runjob.validation`'s job.
+knows which tables or components exist; that is :mod:`runjob.job.validation`'s job.
 """
 
 from __future__ import annotations

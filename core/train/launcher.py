@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError
-from runjob.tracking import RUN_RECORD
+from runjob.record.tracking import RUN_RECORD
 
 
 
