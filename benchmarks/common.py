@@ -84,7 +84,9 @@ def make_timer_plugin(root: Path, module: str = "runjob_bench_timer", source: st
     info.mkdir(parents=True, exist_ok=True)
     dist = module.replace("_", "-")
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.0\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text(f"[runjob]\nzzz_{module.removeprefix('runjob_')} = {module}\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text(
+        f"[runjob]\nzzz_{module.removeprefix('runjob_')} = {module}\n", encoding="utf-8"
+    )
     (root / f"{module}.py").write_text(textwrap.dedent(source).lstrip(), encoding="utf-8")
     return root
 
@@ -109,10 +111,16 @@ def machine() -> dict[str, Any]:
             versions[name] = version(name)
         except Exception:  # noqa: BLE001 - a missing package is just not listed
             pass
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--", "core", "plugins"], cwd=REPO, capture_output=True, text=True).stdout.strip())
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--", "core", "plugins"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    )
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "load_avg_start": [round(x, 2) for x in os.getloadavg()],
@@ -185,5 +193,7 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
 
 
 def print_machine(info: dict[str, Any]) -> None:
-    print(f"{info['date']}  {info['cpu']}, {info['cores']} cores, load average at start {info['load_avg_start']}  git {info['git']}")
+    print(
+        f"{info['date']}  {info['cpu']}, {info['cores']} cores, load average at start {info['load_avg_start']}  git {info['git']}"
+    )
     print(f"command: {info['command']}")

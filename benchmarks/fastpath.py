@@ -44,7 +44,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -102,6 +101,7 @@ def runjob_after_step(run, step, epoch, loss):
 
 # ---------------------------------------------------------------- workers (one per subprocess)
 
+
 def job_toml(spec: dict) -> str:
     """The base job: runjob's defaults for cifar10 (in memory, augmented), tracking offline."""
     stem = f"cifar_stem = {str(spec['cifar_stem']).lower()}\n" if spec["cifar_stem"] else ""
@@ -111,12 +111,12 @@ name = "bench-fastpath"
 seed = {SEED}
 
 [model]
-name = "{spec['model']}"
+name = "{spec["model"]}"
 num_classes = 10
 {stem}
 [dataset]
 name = "cifar10"
-root = "{spec['cifar_root']}"
+root = "{spec["cifar_root"]}"
 download = false
 verify = false
 augment = true
@@ -127,9 +127,9 @@ lr = {LR}
 momentum = {MOMENTUM}
 
 [train]
-max_steps = {spec['warmup'] + spec['steps']}
-batch_size = {spec['batch']}
-mixed_precision = "{spec['mixed_precision']}"
+max_steps = {spec["warmup"] + spec["steps"]}
+batch_size = {spec["batch"]}
+mixed_precision = "{spec["mixed_precision"]}"
 
 [tracking]
 offline = true
@@ -150,8 +150,8 @@ def read_metrics(path: Path) -> list[list]:
 def worker_runjob(spec: dict) -> dict:
     sys.path.insert(0, spec["plugin_root"])  # the timer plugin's dist-info
     from runjob.host.plugin_host import load_plugins
-    from runjob.train.runner import run_job
     from runjob.job.validation import load_resolved
+    from runjob.train.runner import run_job
 
     work = Path(spec["work"])
     host = load_plugins()
@@ -203,11 +203,18 @@ def worker_handwritten(spec: dict) -> dict:
     accelerator = Accelerator(mixed_precision=spec["mixed_precision"])
     model = build_model(spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    train_tf = transforms.Compose([
-        transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(), transforms.ToTensor(), transforms.Normalize(CIFAR_MEAN, CIFAR_STD),
-    ])
+    train_tf = transforms.Compose(
+        [
+            transforms.RandomCrop(32, padding=4),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(CIFAR_MEAN, CIFAR_STD),
+        ]
+    )
     dataset = BenchCIFAR10(spec["cifar_root"], train=True, download=False, transform=train_tf)
-    dataloader = DataLoader(dataset, batch_size=spec["batch"], shuffle=True, drop_last=True, num_workers=spec["hand_workers"])
+    dataloader = DataLoader(
+        dataset, batch_size=spec["batch"], shuffle=True, drop_last=True, num_workers=spec["hand_workers"]
+    )
     model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
 
     model.train()
@@ -231,6 +238,7 @@ WORKERS = {"runjob": worker_runjob, "handwritten": worker_handwritten}
 
 
 # ---------------------------------------------------------------- driver
+
 
 def write_cifar(root: Path, num_train: int, num_test: int, seed: int = SEED) -> Path:
     """CIFAR-10's python format (five training batches, a test batch, meta) with random pixels and
@@ -257,7 +265,9 @@ def write_cifar(root: Path, num_train: int, num_test: int, seed: int = SEED) -> 
 
 def gpu_name() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ).stdout
         return out.strip().splitlines()[0] if out.strip() else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -294,24 +304,60 @@ def verdict(paired: list[float], ratio: float, noise: float) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", choices=["options", "handwritten"], default="options",
-                        help="options: one option at a time against the base job; handwritten: runjob vs a hand-written loop")
-    parser.add_argument("--variants", help=f"options part: comma-separated subset of {', '.join(VARIANTS)} "
-                        "(default: all but cudnn_benchmark and all_on on a CPU, all with CUDA); baseline is always run")
+    parser.add_argument(
+        "--part",
+        choices=["options", "handwritten"],
+        default="options",
+        help="options: one option at a time against the base job; handwritten: runjob vs a hand-written loop",
+    )
+    parser.add_argument(
+        "--variants",
+        help=f"options part: comma-separated subset of {', '.join(VARIANTS)} "
+        "(default: all but cudnn_benchmark and all_on on a CPU, all with CUDA); baseline is always run",
+    )
     parser.add_argument("--steps", type=int, help="timed steps per repetition (default 20 on a CPU, 200 with CUDA)")
-    parser.add_argument("--warmup", type=int, help="steps not timed at the start of each repetition (default 5; 10 when "
-                        "compile or all_on runs, whose first steps compile)")
-    parser.add_argument("--reps", type=int, help="repetitions of each contestant, interleaved (default 3; 2 for the options part on a CPU)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        help="steps not timed at the start of each repetition (default 5; 10 when "
+        "compile or all_on runs, whose first steps compile)",
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        help="repetitions of each contestant, interleaved (default 3; 2 for the options part on a CPU)",
+    )
     parser.add_argument("--batch", type=int, help="default 64 on a CPU, 512 with CUDA")
-    parser.add_argument("--model", default="resnet18", help="a torchvision classification model name (e.g. mobilenet_v3_small), both sides")
-    parser.add_argument("--cifar-stem", action=argparse.BooleanOptionalAction, default=None,
-                        help="ResNet's 3x3 stride-1 stem without max-pool (default: on with CUDA, off on a CPU)")
-    parser.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], default="no", help="the base job's precision (and the hand-written loop's)")
-    parser.add_argument("--threads", type=int, help="torch (OpenMP/MKL) threads per run, 0 for torch's default (default 1 on a CPU, 0 with CUDA)")
+    parser.add_argument(
+        "--model",
+        default="resnet18",
+        help="a torchvision classification model name (e.g. mobilenet_v3_small), both sides",
+    )
+    parser.add_argument(
+        "--cifar-stem",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ResNet's 3x3 stride-1 stem without max-pool (default: on with CUDA, off on a CPU)",
+    )
+    parser.add_argument(
+        "--mixed-precision",
+        choices=["no", "bf16", "fp16"],
+        default="no",
+        help="the base job's precision (and the hand-written loop's)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch (OpenMP/MKL) threads per run, 0 for torch's default (default 1 on a CPU, 0 with CUDA)",
+    )
     parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers of the in_memory_off variant")
     parser.add_argument("--hand-workers", type=int, default=0, help="DataLoader workers of the hand-written loop")
-    parser.add_argument("--noise", type=float, help="a ratio within 1 +- this is 'inside noise' (default 0.10 on a CPU, 0.03 with CUDA)")
-    parser.add_argument("--json", type=Path, help="where to write the raw numbers (default benchmarks/fastpath_<part>.json)")
+    parser.add_argument(
+        "--noise", type=float, help="a ratio within 1 +- this is 'inside noise' (default 0.10 on a CPU, 0.03 with CUDA)"
+    )
+    parser.add_argument(
+        "--json", type=Path, help="where to write the raw numbers (default benchmarks/fastpath_<part>.json)"
+    )
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -353,13 +399,25 @@ def main() -> int:
     if cuda:
         info["gpu"] = gpu_name()
     common.print_machine(info)
-    extra = {"in_memory_off": [f"dataset.num_workers={args.num_workers}"] if args.num_workers else [],
-             "all_on": ["train.cudnn_benchmark=true"] if cuda else []}
+    extra = {
+        "in_memory_off": [f"dataset.num_workers={args.num_workers}"] if args.num_workers else [],
+        "all_on": ["train.cudnn_benchmark=true"] if cuda else [],
+    }
     overrides = {v: VARIANTS[v] + extra.get(v, []) for v in variants}
     contestants = [f"runjob/{v}" for v in variants] if args.part == "options" else ["runjob", "handwritten"]
 
     results: dict[str, dict[str, list]] = {
-        c: {"samples_per_s": [], "median_step_ms": [], "mfu": [], "tflops": [], "peak_gib": [], "peak_kind": [], "load": [], "wall_s": [], "step_ms": []}
+        c: {
+            "samples_per_s": [],
+            "median_step_ms": [],
+            "mfu": [],
+            "tflops": [],
+            "peak_gib": [],
+            "peak_kind": [],
+            "load": [],
+            "wall_s": [],
+            "step_ms": [],
+        }
         for c in contestants
     }
     with tempfile.TemporaryDirectory(prefix="runjob-bench-fastpath-") as tmp:
@@ -367,18 +425,32 @@ def main() -> int:
         plugin_root = common.make_timer_plugin(work / "plugin", "runjob_fastpath_timer", TIMER_PLUGIN)
         cifar_root = write_cifar(work / "cifar10", num_train=(total + 2) * batch, num_test=batch)
         base = {
-            "model": args.model, "cifar_stem": cifar_stem, "cifar_root": str(cifar_root), "warmup": warmup, "steps": steps, "batch": batch,
-            "mixed_precision": args.mixed_precision, "hand_workers": args.hand_workers, "plugin_root": str(plugin_root), "work": str(work),
+            "model": args.model,
+            "cifar_stem": cifar_stem,
+            "cifar_root": str(cifar_root),
+            "warmup": warmup,
+            "steps": steps,
+            "batch": batch,
+            "mixed_precision": args.mixed_precision,
+            "hand_workers": args.hand_workers,
+            "plugin_root": str(plugin_root),
+            "work": str(work),
         }
         (work / "job.toml").write_text(job_toml(base), encoding="utf-8")
         check_variants(work / "job.toml", overrides)
         env = {
-            **os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "PYTHONUNBUFFERED": "1",
-            "RUNJOB_BENCH_SYNC_STEPS": f"{warmup},{total}", **common.thread_env(threads),
+            **os.environ,
+            "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db",
+            "PYTHONUNBUFFERED": "1",
+            "RUNJOB_BENCH_SYNC_STEPS": f"{warmup},{total}",
+            **common.thread_env(threads),
         }
-        print(f"{args.part}: {', '.join(contestants)}; {args.model}{' (CIFAR stem)' if cifar_stem else ''}, batch {batch}, "
-              f"{args.mixed_precision if args.mixed_precision != 'no' else 'fp32'}, {steps} timed steps after {warmup} warm-up, "
-              f"{reps} repetition(s)", flush=True)
+        print(
+            f"{args.part}: {', '.join(contestants)}; {args.model}{' (CIFAR stem)' if cifar_stem else ''}, batch {batch}, "
+            f"{args.mixed_precision if args.mixed_precision != 'no' else 'fp32'}, {steps} timed steps after {warmup} warm-up, "
+            f"{reps} repetition(s)",
+            flush=True,
+        )
         for rep in range(reps):
             for contestant in contestants:
                 worker, _, variant = contestant.partition("/")
@@ -401,8 +473,11 @@ def main() -> int:
                 entry["wall_s"].append(round(answer["process_wall_s"], 1))
                 times = answer["step_times"]
                 entry["step_ms"].append([round(1000 * (b - a), 2) for a, b in zip(times, times[1:])])
-                print(f"rep {rep + 1}/{reps}  {contestant:<22} {rate['samples_per_s']:9.1f} samples/s  "
-                      f"median step {rate['median_step_ms']:8.1f} ms  load {load}  ({answer['process_wall_s']:.0f} s in all)", flush=True)
+                print(
+                    f"rep {rep + 1}/{reps}  {contestant:<22} {rate['samples_per_s']:9.1f} samples/s  "
+                    f"median step {rate['median_step_ms']:8.1f} ms  load {load}  ({answer['process_wall_s']:.0f} s in all)",
+                    flush=True,
+                )
 
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     reference = contestants[0] if args.part == "options" else "handwritten"
@@ -421,48 +496,112 @@ def main() -> int:
             "median_samples_per_s": common.median(rates),
             "ratio_of_medians": common.median(rates) / common.median(base_rates),
             "median_of_paired_ratios": common.median(paired),
-            "min_paired_ratio": min(paired), "max_paired_ratio": max(paired),
+            "min_paired_ratio": min(paired),
+            "max_paired_ratio": max(paired),
             "median_mfu": common.median(mfus) if mfus else None,
             "median_tflops": common.median(tflops) if tflops else None,
-            "max_peak_gib": max(peaks) if peaks else None, "peak_kind": kind,
-            "verdict": None if contestant == reference else verdict(paired, common.median(rates) / common.median(base_rates), noise),
+            "max_peak_gib": max(peaks) if peaks else None,
+            "peak_kind": kind,
+            "verdict": None
+            if contestant == reference
+            else verdict(paired, common.median(rates) / common.median(base_rates), noise),
         }
         summary[contestant] = item
-        rows.append([
-            contestant.removeprefix("runjob/") if args.part == "options" else contestant, item["median_samples_per_s"],
-            common.median(entry["median_step_ms"]), item["ratio_of_medians"], item["median_of_paired_ratios"],
-            f"{min(paired):.3f}-{max(paired):.3f}", fmt(item["median_mfu"]), fmt(item["median_tflops"], ".3g"),
-            f"{fmt(item['max_peak_gib'], '.2f')} ({kind.removesuffix('_gib') if kind else '-'})", item["verdict"] or "",
-        ])
+        rows.append(
+            [
+                contestant.removeprefix("runjob/") if args.part == "options" else contestant,
+                item["median_samples_per_s"],
+                common.median(entry["median_step_ms"]),
+                item["ratio_of_medians"],
+                item["median_of_paired_ratios"],
+                f"{min(paired):.3f}-{max(paired):.3f}",
+                fmt(item["median_mfu"]),
+                fmt(item["median_tflops"], ".3g"),
+                f"{fmt(item['max_peak_gib'], '.2f')} ({kind.removesuffix('_gib') if kind else '-'})",
+                item["verdict"] or "",
+            ]
+        )
 
     device = f"CUDA ({info.get('gpu', 'GPU')})" if cuda else "CPU"
     print()
-    stem = " (CIFAR stem)" if cifar_stem else " (ImageNet stem)" if args.model.startswith(("resnet", "resnext", "wide_resnet")) else ""
-    print(f"{args.model}{stem}, 32x32 CIFAR-format random images, batch {batch}, "
-          f"{args.mixed_precision if args.mixed_precision != 'no' else 'fp32'} base, {device}, {threads or 'default'} torch thread(s); "
-          f"{steps} timed steps after {warmup} warm-up, {reps} interleaved repetitions; load at end {info['load_avg_end']}")
+    stem = (
+        " (CIFAR stem)"
+        if cifar_stem
+        else " (ImageNet stem)"
+        if args.model.startswith(("resnet", "resnext", "wide_resnet"))
+        else ""
+    )
+    print(
+        f"{args.model}{stem}, 32x32 CIFAR-format random images, batch {batch}, "
+        f"{args.mixed_precision if args.mixed_precision != 'no' else 'fp32'} base, {device}, {threads or 'default'} torch thread(s); "
+        f"{steps} timed steps after {warmup} warm-up, {reps} interleaved repetitions; load at end {info['load_avg_end']}"
+    )
     against = "vs baseline" if args.part == "options" else "vs hand-written"
-    print(common.table(rows, ["variant" if args.part == "options" else "loop", "samples/s (median)", "step ms (median)", against,
-                              "paired ratio (median)", "paired range", "MFU", "TFLOP/s", "peak GiB", f"verdict (noise {noise:.0%})"]))
+    print(
+        common.table(
+            rows,
+            [
+                "variant" if args.part == "options" else "loop",
+                "samples/s (median)",
+                "step ms (median)",
+                against,
+                "paired ratio (median)",
+                "paired range",
+                "MFU",
+                "TFLOP/s",
+                "peak GiB",
+                f"verdict (noise {noise:.0%})",
+            ],
+        )
+    )
     goals = {}
     if args.part == "handwritten":
         ratio = summary["runjob"]["ratio_of_medians"]
-        goals["runjob_vs_handwritten"] = {"goal": GOAL_VS_HANDWRITTEN, "ratio_of_medians": ratio, "met": ratio >= GOAL_VS_HANDWRITTEN}
-        print(f"runjob / hand-written: {ratio:.3f} (ratio of medians), {summary['runjob']['median_of_paired_ratios']:.3f} (paired median); "
-              f"goal >= {GOAL_VS_HANDWRITTEN:.2f}: {'met' if ratio >= GOAL_VS_HANDWRITTEN else 'not met'} in this run")
+        goals["runjob_vs_handwritten"] = {
+            "goal": GOAL_VS_HANDWRITTEN,
+            "ratio_of_medians": ratio,
+            "met": ratio >= GOAL_VS_HANDWRITTEN,
+        }
+        print(
+            f"runjob / hand-written: {ratio:.3f} (ratio of medians), {summary['runjob']['median_of_paired_ratios']:.3f} (paired median); "
+            f"goal >= {GOAL_VS_HANDWRITTEN:.2f}: {'met' if ratio >= GOAL_VS_HANDWRITTEN else 'not met'} in this run"
+        )
     elif cuda and args.model == "resnet18" and cifar_stem:
         best = max(contestants, key=lambda c: summary[c]["median_samples_per_s"])
         rate = summary[best]["median_samples_per_s"]
-        goals["images_per_s_one_gpu"] = {"goal": GOAL_H200_IMAGES_S, "best_variant": best, "median_samples_per_s": rate, "gpu": info.get("gpu")}
-        print(f"fastest: {best.removeprefix('runjob/')} at {rate:,.0f} images/s on one {info.get('gpu', 'GPU')}; "
-              f"goal >= {GOAL_H200_IMAGES_S:,} images/s (ResNet-18, CIFAR stem, one H200): {'met' if rate >= GOAL_H200_IMAGES_S else 'not met'}")
+        goals["images_per_s_one_gpu"] = {
+            "goal": GOAL_H200_IMAGES_S,
+            "best_variant": best,
+            "median_samples_per_s": rate,
+            "gpu": info.get("gpu"),
+        }
+        print(
+            f"fastest: {best.removeprefix('runjob/')} at {rate:,.0f} images/s on one {info.get('gpu', 'GPU')}; "
+            f"goal >= {GOAL_H200_IMAGES_S:,} images/s (ResNet-18, CIFAR stem, one H200): {'met' if rate >= GOAL_H200_IMAGES_S else 'not met'}"
+        )
 
     settings = {
-        "part": args.part, "steps": steps, "warmup": warmup, "reps": reps, "batch": batch, "model": args.model, "cifar_stem": cifar_stem,
-        "mixed_precision": args.mixed_precision, "threads": threads, "num_workers": args.num_workers, "hand_workers": args.hand_workers,
-        "noise": noise, "device": device, "optimizer": f"SGD lr {LR} momentum {MOMENTUM}", "dataset": "cifar10 files of random pixels, augment = true",
+        "part": args.part,
+        "steps": steps,
+        "warmup": warmup,
+        "reps": reps,
+        "batch": batch,
+        "model": args.model,
+        "cifar_stem": cifar_stem,
+        "mixed_precision": args.mixed_precision,
+        "threads": threads,
+        "num_workers": args.num_workers,
+        "hand_workers": args.hand_workers,
+        "noise": noise,
+        "device": device,
+        "optimizer": f"SGD lr {LR} momentum {MOMENTUM}",
+        "dataset": "cifar10 files of random pixels, augment = true",
     }
-    path = common.write_json(f"fastpath_{args.part}", {"machine": info, "settings": settings, "raw": results, "summary": summary, "goals": goals}, args.json)
+    path = common.write_json(
+        f"fastpath_{args.part}",
+        {"machine": info, "settings": settings, "raw": results, "summary": summary, "goals": goals},
+        args.json,
+    )
     print(f"raw numbers: {path}")
     return 0
 

@@ -43,6 +43,7 @@ LR, MOMENTUM, SEED = 0.01, 0.9, 0
 
 # ---------------------------------------------------------------- workers (one per subprocess)
 
+
 def job_toml(args: argparse.Namespace) -> str:
     total = args.warmup + args.steps
     if args.input == "tensor":
@@ -83,8 +84,8 @@ log_model = "none"
 def worker_runjob(args: argparse.Namespace) -> dict:
     sys.path.insert(0, args.plugin_root)  # the timer plugin's dist-info
     from runjob.host.plugin_host import load_plugins
-    from runjob.train.runner import run_job
     from runjob.job.validation import load_resolved
+    from runjob.train.runner import run_job
 
     work = Path(args.work)
     job_file = work / f"job-{args.input}.toml"
@@ -110,7 +111,9 @@ def bench_dataset(args: argparse.Namespace, total: int):
     if args.input == "tensor":
         generator = torch.Generator().manual_seed(SEED)
         n, size = total * args.batch, args.image_size
-        return TensorDataset(torch.randn(n, 3, size, size, generator=generator), torch.randint(0, 10, (n,), generator=generator))
+        return TensorDataset(
+            torch.randn(n, 3, size, size, generator=generator), torch.randint(0, 10, (n,), generator=generator)
+        )
     from torchvision import transforms
 
     tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize(IMAGENET_MEAN, IMAGENET_STD)])
@@ -185,8 +188,13 @@ def worker_lightning(args: argparse.Namespace) -> dict:
 
     loader = DataLoader(dataset, batch_size=args.batch, shuffle=True, drop_last=True, num_workers=args.num_workers)
     trainer = L.Trainer(
-        max_steps=total, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        max_steps=total,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(Module(), loader)
     return {"step_times": step_times}
@@ -196,6 +204,7 @@ WORKERS = {"runjob": worker_runjob, "accelerate": worker_accelerate, "lightning"
 
 
 # ---------------------------------------------------------------- driver
+
 
 def make_png_folder(root: Path, image_size: int, needed: int) -> Path:
     """Digits as PNGs (runjob's own export), the training images repeated by hard links to ``needed``."""
@@ -227,13 +236,33 @@ def profile(args, contestants, input_path, work, plugin_root, png_root, env) -> 
     for contestant in contestants:
         path = work / f"{contestant}.prof"
         command = [
-            str(Path(__file__).resolve()), "--worker", contestant, "--input", input_path, "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--batch", str(args.batch), "--image-size", str(args.image_size),
-            "--num-workers", str(args.num_workers), "--plugin-root", str(plugin_root), "--work", str(work),
+            str(Path(__file__).resolve()),
+            "--worker",
+            contestant,
+            "--input",
+            input_path,
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--batch",
+            str(args.batch),
+            "--image-size",
+            str(args.image_size),
+            "--num-workers",
+            str(args.num_workers),
+            "--plugin-root",
+            str(plugin_root),
+            "--work",
+            str(work),
         ] + (["--png-root", str(png_root)] if png_root else [])
-        common.run_worker(command, env={**env, "RUNJOB_BENCH_PROFILE": f"{args.warmup}:{args.warmup + args.steps}:{path}"})
+        common.run_worker(
+            command, env={**env, "RUNJOB_BENCH_PROFILE": f"{args.warmup}:{args.warmup + args.steps}:{path}"}
+        )
         stats = pstats.Stats(str(path))
-        print(f"\n{contestant} ({input_path}): {args.steps} steps, {stats.total_tt:.2f} s profiled, {1000 * stats.total_tt / args.steps:.1f} ms a step")
+        print(
+            f"\n{contestant} ({input_path}): {args.steps} steps, {stats.total_tt:.2f} s profiled, {1000 * stats.total_tt / args.steps:.1f} ms a step"
+        )
         stats.sort_stats("tottime").print_stats(12)
         print(f"{contestant}: runjob's and Accelerate's own functions in that window, by cumulative time")
         stats.sort_stats("cumulative").print_stats(r"runjob|core/|plugins/|accelerate/", 15)
@@ -246,14 +275,27 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5, help="steps not timed at the start of each repetition")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each contestant, interleaved")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1, help="torch (OpenMP/MKL) threads per run, 0 for torch's default (one per core); "
-                        "1 keeps a run on a shared 2-core machine from stalling at OpenMP barriers whenever anything else runs")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch (OpenMP/MKL) threads per run, 0 for torch's default (one per core); "
+        "1 keeps a run on a shared 2-core machine from stalling at OpenMP barriers whenever anything else runs",
+    )
     parser.add_argument("--image-size", type=int, default=16, help="16 or 32 (ResNet-18 with its ImageNet stem)")
-    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers on both sides (runjob's default is 0)")
+    parser.add_argument(
+        "--num-workers", type=int, default=0, help="DataLoader workers on both sides (runjob's default is 0)"
+    )
     parser.add_argument("--inputs", default="tensor,png", help="comma-separated: tensor, png")
-    parser.add_argument("--lightning", action="store_true", help="also PyTorch Lightning's Trainer (needs lightning importable)")
-    parser.add_argument("--profile", action="store_true", help="instead: one run of each loop (first input path) under cProfile over the "
-                        "timed steps; prints the functions with the most own time")
+    parser.add_argument(
+        "--lightning", action="store_true", help="also PyTorch Lightning's Trainer (needs lightning importable)"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead: one run of each loop (first input path) under cProfile over the "
+        "timed steps; prints the functions with the most own time",
+    )
     parser.add_argument("--json", type=Path, help="where to write the raw numbers (default benchmarks/overhead.json)")
     # worker mode
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -271,21 +313,48 @@ def main() -> int:
     common.print_machine(info)
     contestants = ["runjob", "accelerate"] + (["lightning"] if args.lightning else [])
     inputs = [i.strip() for i in args.inputs.split(",") if i.strip()]
-    results: dict[str, dict[str, list]] = {f"{c}/{i}": {"samples_per_s": [], "median_step_ms": [], "load": []} for i in inputs for c in contestants}
+    results: dict[str, dict[str, list]] = {
+        f"{c}/{i}": {"samples_per_s": [], "median_step_ms": [], "load": []} for i in inputs for c in contestants
+    }
     with tempfile.TemporaryDirectory(prefix="runjob-bench-overhead-") as tmp:
         work = Path(tmp)
         plugin_root = common.make_timer_plugin(work / "plugin")
-        png_root = make_png_folder(work, args.image_size, (args.warmup + args.steps + 1) * args.batch) if "png" in inputs else None
-        env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db", "PYTHONUNBUFFERED": "1", **common.thread_env(args.threads)}
+        png_root = (
+            make_png_folder(work, args.image_size, (args.warmup + args.steps + 1) * args.batch)
+            if "png" in inputs
+            else None
+        )
+        env = {
+            **os.environ,
+            "MLFLOW_TRACKING_URI": f"sqlite:///{work}/mlflow.db",
+            "PYTHONUNBUFFERED": "1",
+            **common.thread_env(args.threads),
+        }
         if args.profile:
             return profile(args, contestants, inputs[0], work, plugin_root, png_root, env)
         for rep in range(args.reps):
             for input_path in inputs:
                 for contestant in contestants:
                     command = [
-                        str(Path(__file__).resolve()), "--worker", contestant, "--input", input_path, "--steps", str(args.steps),
-                        "--warmup", str(args.warmup), "--batch", str(args.batch), "--image-size", str(args.image_size),
-                        "--num-workers", str(args.num_workers), "--plugin-root", str(plugin_root), "--work", str(work),
+                        str(Path(__file__).resolve()),
+                        "--worker",
+                        contestant,
+                        "--input",
+                        input_path,
+                        "--steps",
+                        str(args.steps),
+                        "--warmup",
+                        str(args.warmup),
+                        "--batch",
+                        str(args.batch),
+                        "--image-size",
+                        str(args.image_size),
+                        "--num-workers",
+                        str(args.num_workers),
+                        "--plugin-root",
+                        str(plugin_root),
+                        "--work",
+                        str(work),
                     ] + (["--png-root", str(png_root)] if png_root else [])
                     load = common.load_now()
                     answer = common.run_worker(command, env=env)
@@ -294,8 +363,11 @@ def main() -> int:
                     results[key]["samples_per_s"].append(rate["samples_per_s"])
                     results[key]["median_step_ms"].append(rate["median_step_ms"])
                     results[key]["load"].append(load)
-                    print(f"rep {rep + 1}/{args.reps}  {key:<17} {rate['samples_per_s']:8.1f} samples/s  "
-                          f"median step {rate['median_step_ms']:7.1f} ms  load {load}  ({answer['process_wall_s']:.0f} s in all)", flush=True)
+                    print(
+                        f"rep {rep + 1}/{args.reps}  {key:<17} {rate['samples_per_s']:8.1f} samples/s  "
+                        f"median step {rate['median_step_ms']:7.1f} ms  load {load}  ({answer['process_wall_s']:.0f} s in all)",
+                        flush=True,
+                    )
 
     rows, summary = [], {}
     for input_path in inputs:
@@ -307,19 +379,50 @@ def main() -> int:
                 "median_samples_per_s": common.median(rates),
                 "ratio_of_medians": common.median(rates) / common.median(base),
                 "median_of_paired_ratios": common.median(paired),
-                "min_paired_ratio": min(paired), "max_paired_ratio": max(paired),
+                "min_paired_ratio": min(paired),
+                "max_paired_ratio": max(paired),
             }
             summary[f"{contestant}/{input_path}"] = entry
-            rows.append([f"{contestant} ({input_path})", entry["median_samples_per_s"], common.median(results[f"{contestant}/{input_path}"]["median_step_ms"]),
-                         entry["ratio_of_medians"], entry["median_of_paired_ratios"], f"{min(paired):.3f}-{max(paired):.3f}"])
+            rows.append(
+                [
+                    f"{contestant} ({input_path})",
+                    entry["median_samples_per_s"],
+                    common.median(results[f"{contestant}/{input_path}"]["median_step_ms"]),
+                    entry["ratio_of_medians"],
+                    entry["median_of_paired_ratios"],
+                    f"{min(paired):.3f}-{max(paired):.3f}",
+                ]
+            )
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     print()
-    print(f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size} inputs, batch {args.batch}, fp32, CPU, {args.threads or 'default'} torch thread(s); "
-          f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end {info['load_avg_end']}")
-    print(common.table(rows, ["loop (input)", "samples/s (median)", "step ms (median)", "vs hand-written", "paired ratio (median)", "paired range"]))
-    settings = {k: getattr(args, k) for k in ("steps", "warmup", "reps", "batch", "image_size", "threads", "num_workers")}
-    settings.update(model="torchvision resnet18, num_classes=10, ImageNet stem (no cifar_stem)", precision="fp32", optimizer=f"SGD lr {LR} momentum {MOMENTUM}")
-    path = common.write_json("overhead", {"machine": info, "settings": settings, "raw": results, "summary": summary}, args.json)
+    print(
+        f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size} inputs, batch {args.batch}, fp32, CPU, {args.threads or 'default'} torch thread(s); "
+        f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end {info['load_avg_end']}"
+    )
+    print(
+        common.table(
+            rows,
+            [
+                "loop (input)",
+                "samples/s (median)",
+                "step ms (median)",
+                "vs hand-written",
+                "paired ratio (median)",
+                "paired range",
+            ],
+        )
+    )
+    settings = {
+        k: getattr(args, k) for k in ("steps", "warmup", "reps", "batch", "image_size", "threads", "num_workers")
+    }
+    settings.update(
+        model="torchvision resnet18, num_classes=10, ImageNet stem (no cifar_stem)",
+        precision="fp32",
+        optimizer=f"SGD lr {LR} momentum {MOMENTUM}",
+    )
+    path = common.write_json(
+        "overhead", {"machine": info, "settings": settings, "raw": results, "summary": summary}, args.json
+    )
     print(f"raw numbers: {path}")
     return 0
 

@@ -31,10 +31,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 GOALS = {"runjob --help": 0.3, "runjob validate jobs/digits.toml": 1.5}
-HEAVY = ("torch", "torchvision", "mlflow", "accelerate", "sklearn", "numpy", "pandas", "scipy", "PIL", "pydantic", "pluggy", "tqdm", "safetensors", "runjob")
+HEAVY = (
+    "torch",
+    "torchvision",
+    "mlflow",
+    "accelerate",
+    "sklearn",
+    "numpy",
+    "pandas",
+    "scipy",
+    "PIL",
+    "pydantic",
+    "pluggy",
+    "tqdm",
+    "safetensors",
+    "runjob",
+)
 
 
-def first_step(runjob: str, job: str, work: Path, env: dict[str, str], n: int, offline: bool, importtime: bool = False) -> dict:
+def first_step(
+    runjob: str, job: str, work: Path, env: dict[str, str], n: int, offline: bool, importtime: bool = False
+) -> dict:
     """Start ``runjob JOB``; return the seconds to its first step and the phase times."""
     stamp = work / f"first-step-{n}.txt"
     env = {**env, "RUNJOB_BENCH_FIRST_STEP_FILE": str(stamp), "RUNJOB_BENCH_EXIT_AFTER_FIRST_STEP": "1"}
@@ -46,7 +63,9 @@ def first_step(runjob: str, job: str, work: Path, env: dict[str, str], n: int, o
     started = time.time()
     proc = subprocess.run(command, cwd=common.REPO, env=env, capture_output=True, text=True, timeout=600)
     if not stamp.exists():
-        raise RuntimeError(f"no first step seen (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"no first step seen (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        )
     events = ast.literal_eval(stamp.read_text())
     result = {
         "to_first_step_s": events["first_step"] - started,
@@ -101,7 +120,10 @@ def profile_first_step(job: str, work: Path, env: dict[str, str], plugin_root: P
     import runjob
     import runjob.plugins
 
-    packages = [Path(runjob.__file__).parent, Path(runjob.plugins.__file__).parent]  # runjob's own code, not pandas' or sympy's core/
+    packages = [
+        Path(runjob.__file__).parent,
+        Path(runjob.plugins.__file__).parent,
+    ]  # runjob's own code, not pandas' or sympy's core/
     rows = []
     for (path, line, function), (_, calls, _, cumulative, _) in stats.stats.items():
         where = Path(path)
@@ -129,7 +151,9 @@ def main() -> int:
 
     info = common.machine()
     common.print_machine(info)
-    runjob = str(Path(sys.executable).parent / "runjob")  # the installed console script, as a user runs it (no `uv run` in front)
+    runjob = str(
+        Path(sys.executable).parent / "runjob"
+    )  # the installed console script, as a user runs it (no `uv run` in front)
     with tempfile.TemporaryDirectory(prefix="runjob-bench-startup-") as tmp:
         work = Path(tmp)
         plugin_root = common.make_timer_plugin(work / "plugin")
@@ -150,7 +174,9 @@ def main() -> int:
         cold = {name: timed(command, env) for name, command in commands.items()}
         for mode in runs:
             counter += 1
-            cold[f"first step ({mode})"] = first_step(runjob, args.job, work, run_env, counter, mode == "offline")["to_first_step_s"]
+            cold[f"first step ({mode})"] = first_step(runjob, args.job, work, run_env, counter, mode == "offline")[
+                "to_first_step_s"
+            ]
         loads = []
         for rep in range(args.reps):
             loads.append(common.load_now())
@@ -159,8 +185,13 @@ def main() -> int:
             for mode in runs:
                 counter += 1
                 runs[mode].append(first_step(runjob, args.job, work, run_env, counter, mode == "offline"))
-            print(f"rep {rep + 1}/{args.reps}  load {loads[-1]}  " + "  ".join(f"{n.split()[1] if n.startswith('runjob') else n}: {w[-1]:.2f}s" for n, w in walls.items())
-                  + "  " + "  ".join(f"first step ({m}): {r[-1]['to_first_step_s']:.2f}s" for m, r in runs.items()), flush=True)
+            print(
+                f"rep {rep + 1}/{args.reps}  load {loads[-1]}  "
+                + "  ".join(f"{n.split()[1] if n.startswith('runjob') else n}: {w[-1]:.2f}s" for n, w in walls.items())
+                + "  "
+                + "  ".join(f"first step ({m}): {r[-1]['to_first_step_s']:.2f}s" for m, r in runs.items()),
+                flush=True,
+            )
         counter += 1
         breakdown = first_step(runjob, args.job, work, run_env, counter, offline=False, importtime=True)
         profile = profile_first_step(args.job, work, env, plugin_root)
@@ -171,33 +202,70 @@ def main() -> int:
     for name, values in walls.items():
         goal = GOALS.get(name)
         summary[name] = {"median_s": common.median(values), "goal_s": goal, "cold_s": cold[name]}
-        rows.append([name, common.median(values), min(values), max(values), cold[name], f"<= {goal}" if goal else "", ("met" if common.median(values) <= goal else "MISSED") if goal else ""])
+        rows.append(
+            [
+                name,
+                common.median(values),
+                min(values),
+                max(values),
+                cold[name],
+                f"<= {goal}" if goal else "",
+                ("met" if common.median(values) <= goal else "MISSED") if goal else "",
+            ]
+        )
     for mode, values in runs.items():
         seconds = [v["to_first_step_s"] for v in values]
         name = f"runjob {args.job} -> first step ({mode})"
-        summary[name] = {"median_s": common.median(seconds), "cold_s": cold[f"first step ({mode})"],
-                         **{k: common.median([v[k] for v in values]) for k in values[0]}}
+        summary[name] = {
+            "median_s": common.median(seconds),
+            "cold_s": cold[f"first step ({mode})"],
+            **{k: common.median([v[k] for v in values]) for k in values[0]},
+        }
         rows.append([name, common.median(seconds), min(seconds), max(seconds), cold[f"first step ({mode})"], "", ""])
     print()
-    print(f"wall seconds, {args.reps} interleaved runs each (load averages at each round's start: {loads}; at end {info['load_avg_end']})")
+    print(
+        f"wall seconds, {args.reps} interleaved runs each (load averages at each round's start: {loads}; at end {info['load_avg_end']})"
+    )
     print(common.table(rows, ["command", "median s", "min", "max", "first (untimed) run", "goal", ""]))
     print()
     phases = summary[f"runjob {args.job} -> first step (sqlite store)"]
     print("time to first step (sqlite store), medians:")
-    print(common.table([
-        ["process start -> all plugins imported (Python, runjob CLI, entry points)", phases["to_plugins_loaded_s"]],
-        ["plugins imported -> runjob_run_start (validate, Accelerator, MLflow run, data, model, FLOP count)", phases["plugins_loaded_to_run_start_s"]],
-        ["runjob_run_start -> end of first step (first forward/backward/step)", phases["run_start_to_first_step_s"]],
-    ], ["phase", "s"]))
+    print(
+        common.table(
+            [
+                [
+                    "process start -> all plugins imported (Python, runjob CLI, entry points)",
+                    phases["to_plugins_loaded_s"],
+                ],
+                [
+                    "plugins imported -> runjob_run_start (validate, Accelerator, MLflow run, data, model, FLOP count)",
+                    phases["plugins_loaded_to_run_start_s"],
+                ],
+                [
+                    "runjob_run_start -> end of first step (first forward/backward/step)",
+                    phases["run_start_to_first_step_s"],
+                ],
+            ],
+            ["phase", "s"],
+        )
+    )
     print()
-    print("python -X importtime, one run to the first step (own import time of every module, summed by top-level package; importtime itself adds some):")
+    print(
+        "python -X importtime, one run to the first step (own import time of every module, summed by top-level package; importtime itself adds some):"
+    )
     imports = breakdown["importtime"]
     print(common.table([[k, v] for k, v in sorted(imports.items(), key=lambda kv: -kv[1])], ["package", "s"]))
     print()
     print("cProfile of one run to the first step: runjob's functions by cumulative time (profiling inflates the times)")
     print(common.table(profile, ["function", "calls", "cumulative s"]))
-    data = {"machine": info, "settings": {"reps": args.reps, "job": args.job, "runjob": runjob}, "raw": {"walls": walls, "first_step": runs, "cold": cold, "loads": loads},
-            "summary": summary, "importtime_run": breakdown, "profile_top": profile}
+    data = {
+        "machine": info,
+        "settings": {"reps": args.reps, "job": args.job, "runjob": runjob},
+        "raw": {"walls": walls, "first_step": runs, "cold": cold, "loads": loads},
+        "summary": summary,
+        "importtime_run": breakdown,
+        "profile_top": profile,
+    }
     path = common.write_json("startup", data, args.json)
     print(f"raw numbers: {path}")
     return 0

@@ -39,7 +39,7 @@ GOAL_OVERHEAD = 0.01
 
 def job_toml(args: argparse.Namespace, mode: str) -> str:
     total = args.warmup + args.steps
-    tracking = 'offline = true\n' if mode == "offline" else f'uri = "{args.uri}"\n'
+    tracking = "offline = true\n" if mode == "offline" else f'uri = "{args.uri}"\n'
     return f"""
 [job]
 name = "bench-tracking"
@@ -74,8 +74,8 @@ log_every = 1
 def worker(args: argparse.Namespace) -> dict:
     sys.path.insert(0, args.plugin_root)
     from runjob.host.plugin_host import load_plugins
-    from runjob.train.runner import run_job
     from runjob.job.validation import load_resolved
+    from runjob.train.runner import run_job
 
     work = Path(args.work)
     job_file = work / f"job-{args.worker}.toml"
@@ -86,7 +86,10 @@ def worker(args: argparse.Namespace) -> dict:
     run_job(job, host, output_dir=out)
     import runjob_bench_timer
 
-    result = {"step_times": runjob_bench_timer.STEP_TIMES, "end_after_last_step_s": time.perf_counter() - runjob_bench_timer.STEP_TIMES[-1]}
+    result = {
+        "step_times": runjob_bench_timer.STEP_TIMES,
+        "end_after_last_step_s": time.perf_counter() - runjob_bench_timer.STEP_TIMES[-1],
+    }
     if args.worker == "online":
         from mlflow import MlflowClient
 
@@ -107,8 +110,20 @@ def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     folder.mkdir(parents=True, exist_ok=True)
     command = [
-        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-        "--backend-store-uri", f"sqlite:///{folder}/mlflow.db", "--default-artifact-root", str(folder / "artifacts"), "--workers", "1",
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        f"sqlite:///{folder}/mlflow.db",
+        "--default-artifact-root",
+        str(folder / "artifacts"),
+        "--workers",
+        "1",
     ]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     log = (folder / "server.log").open("w")
@@ -117,7 +132,9 @@ def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
     deadline = time.time() + 180
     while time.time() < deadline:
         if server.poll() is not None:
-            raise RuntimeError(f"mlflow server exited {server.returncode}: {(folder / 'server.log').read_text()[-2000:]}")
+            raise RuntimeError(
+                f"mlflow server exited {server.returncode}: {(folder / 'server.log').read_text()[-2000:]}"
+            )
         try:
             with urllib.request.urlopen(uri + "/health", timeout=2):
                 return server, uri
@@ -157,8 +174,14 @@ def sync_call_costs(uri: str, calls: int) -> dict[str, float]:
         batch.append(1000 * (time.perf_counter() - started))
         batch_cpu.append(1000 * (time.thread_time() - cpu))  # the client's own CPU time (the rest: server and network)
     client.set_terminated(run_id)
-    return {"log_metric_ms_median": common.median(single), "log_batch5_ms_median": common.median(batch),
-            "log_batch5_client_cpu_ms_median": common.median(batch_cpu), "log_metric_ms": single, "log_batch5_ms": batch, "log_batch5_client_cpu_ms": batch_cpu}
+    return {
+        "log_metric_ms_median": common.median(single),
+        "log_batch5_ms_median": common.median(batch),
+        "log_batch5_client_cpu_ms_median": common.median(batch_cpu),
+        "log_metric_ms": single,
+        "log_batch5_ms": batch,
+        "log_batch5_client_cpu_ms": batch_cpu,
+    }
 
 
 def main() -> int:
@@ -167,11 +190,18 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each mode, interleaved")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1, help="torch (OpenMP/MKL) threads per run, 0 for torch's default (one per core); "
-                        "1 keeps a run on a shared 2-core machine from stalling at OpenMP barriers whenever anything else runs")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch (OpenMP/MKL) threads per run, 0 for torch's default (one per core); "
+        "1 keeps a run on a shared 2-core machine from stalling at OpenMP barriers whenever anything else runs",
+    )
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--calls", type=int, default=50, help="synchronous calls timed for the reference")
-    parser.add_argument("--calls-only", action="store_true", help="only the synchronous-call reference (prints it; writes no JSON)")
+    parser.add_argument(
+        "--calls-only", action="store_true", help="only the synchronous-call reference (prints it; writes no JSON)"
+    )
     parser.add_argument("--json", type=Path, help="where to write the raw numbers (default benchmarks/tracking.json)")
     parser.add_argument("--worker", choices=["online", "offline"], help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
@@ -208,8 +238,23 @@ def main() -> int:
             for rep in range(args.reps):
                 for mode in modes:
                     command = [
-                        str(Path(__file__).resolve()), "--worker", mode, "--uri", uri, "--plugin-root", str(plugin_root), "--work", str(work),
-                        "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch), "--image-size", str(args.image_size),
+                        str(Path(__file__).resolve()),
+                        "--worker",
+                        mode,
+                        "--uri",
+                        uri,
+                        "--plugin-root",
+                        str(plugin_root),
+                        "--work",
+                        str(work),
+                        "--steps",
+                        str(args.steps),
+                        "--warmup",
+                        str(args.warmup),
+                        "--batch",
+                        str(args.batch),
+                        "--image-size",
+                        str(args.image_size),
                     ]
                     load = common.load_now()
                     answer = common.run_worker(command, env=env)
@@ -221,10 +266,19 @@ def main() -> int:
                     note = ""
                     if mode == "online":
                         total = args.warmup + args.steps
-                        checks.append({"server_loss_points": answer["server_loss_points"], "expected": total, "unsynced": answer["unsynced"]})
+                        checks.append(
+                            {
+                                "server_loss_points": answer["server_loss_points"],
+                                "expected": total,
+                                "unsynced": answer["unsynced"],
+                            }
+                        )
                         note = f"  train/loss points on the server: {answer['server_loss_points']}/{total}"
-                    print(f"rep {rep + 1}/{args.reps}  {mode:<8} {rate['samples_per_s']:8.1f} samples/s  median step {rate['median_step_ms']:7.1f} ms  "
-                          f"load {load}{note}", flush=True)
+                    print(
+                        f"rep {rep + 1}/{args.reps}  {mode:<8} {rate['samples_per_s']:8.1f} samples/s  median step {rate['median_step_ms']:7.1f} ms  "
+                        f"load {load}{note}",
+                        flush=True,
+                    )
             calls = sync_call_costs(uri, args.calls)
         finally:
             stop_server(server)
@@ -233,29 +287,67 @@ def main() -> int:
     online, offline = results["online"]["samples_per_s"], results["offline"]["samples_per_s"]
     paired = [on / off for on, off in zip(online, offline)]
     ratio = common.median(online) / common.median(offline)
-    step_on, step_off = common.median(results["online"]["median_step_ms"]), common.median(results["offline"]["median_step_ms"])
+    step_on, step_off = (
+        common.median(results["online"]["median_step_ms"]),
+        common.median(results["offline"]["median_step_ms"]),
+    )
     overhead = 1 / ratio - 1  # extra step time, as a fraction of the offline step time
     print()
-    print(f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size}, batch {args.batch}, fp32, CPU, {args.threads or 'default'} torch thread(s); log_every 1; "
-          f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end {info['load_avg_end']}")
-    print(common.table([
-        ["online (mlflow server)", common.median(online), step_on, ratio, common.median(paired), f"{min(paired):.3f}-{max(paired):.3f}"],
-        ["offline (metrics.jsonl only)", common.median(offline), step_off, 1.0, 1.0, ""],
-    ], ["tracking", "samples/s (median)", "step ms (median)", "vs offline", "paired ratio (median)", "paired range"]))
+    print(
+        f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size}, batch {args.batch}, fp32, CPU, {args.threads or 'default'} torch thread(s); log_every 1; "
+        f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end {info['load_avg_end']}"
+    )
+    print(
+        common.table(
+            [
+                [
+                    "online (mlflow server)",
+                    common.median(online),
+                    step_on,
+                    ratio,
+                    common.median(paired),
+                    f"{min(paired):.3f}-{max(paired):.3f}",
+                ],
+                ["offline (metrics.jsonl only)", common.median(offline), step_off, 1.0, 1.0, ""],
+            ],
+            [
+                "tracking",
+                "samples/s (median)",
+                "step ms (median)",
+                "vs offline",
+                "paired ratio (median)",
+                "paired range",
+            ],
+        )
+    )
     verdict = "met" if overhead < GOAL_OVERHEAD else "MISSED"
-    print(f"step-time overhead of logging every step: {100 * overhead:+.2f}% (from the ratio of median throughputs; goal < 1%: {verdict}); "
-          f"paired: {100 * (1 / common.median(paired) - 1):+.2f}%")
-    print(f"synchronous MlflowClient.log_metric to this server: {calls['log_metric_ms_median']:.1f} ms a call (median of {args.calls}); "
-          f"log_batch of 5 metrics: {calls['log_batch5_ms_median']:.1f} ms, of it {calls['log_batch5_client_cpu_ms_median']:.1f} ms CPU in the calling thread")
+    print(
+        f"step-time overhead of logging every step: {100 * overhead:+.2f}% (from the ratio of median throughputs; goal < 1%: {verdict}); "
+        f"paired: {100 * (1 / common.median(paired) - 1):+.2f}%"
+    )
+    print(
+        f"synchronous MlflowClient.log_metric to this server: {calls['log_metric_ms_median']:.1f} ms a call (median of {args.calls}); "
+        f"log_batch of 5 metrics: {calls['log_batch5_ms_median']:.1f} ms, of it {calls['log_batch5_client_cpu_ms_median']:.1f} ms CPU in the calling thread"
+    )
     print(f"mlflow server start to /health: {server_start_s:.1f} s")
     summary = {
-        "online_median_samples_per_s": common.median(online), "offline_median_samples_per_s": common.median(offline),
-        "ratio_online_vs_offline": ratio, "median_paired_ratio": common.median(paired), "step_time_overhead": overhead,
-        "goal_overhead": GOAL_OVERHEAD, "sync_log_metric_ms": calls["log_metric_ms_median"], "sync_log_batch5_ms": calls["log_batch5_ms_median"],
-        "server_start_s": server_start_s, "upload_checks": checks,
+        "online_median_samples_per_s": common.median(online),
+        "offline_median_samples_per_s": common.median(offline),
+        "ratio_online_vs_offline": ratio,
+        "median_paired_ratio": common.median(paired),
+        "step_time_overhead": overhead,
+        "goal_overhead": GOAL_OVERHEAD,
+        "sync_log_metric_ms": calls["log_metric_ms_median"],
+        "sync_log_batch5_ms": calls["log_batch5_ms_median"],
+        "server_start_s": server_start_s,
+        "upload_checks": checks,
     }
     settings = {k: getattr(args, k) for k in ("steps", "warmup", "reps", "batch", "image_size", "threads", "calls")}
-    path = common.write_json("tracking", {"machine": info, "settings": settings, "raw": results, "sync_calls": calls, "summary": summary}, args.json)
+    path = common.write_json(
+        "tracking",
+        {"machine": info, "settings": settings, "raw": results, "sync_calls": calls, "summary": summary},
+        args.json,
+    )
     print(f"raw numbers: {path}")
     return 0
 

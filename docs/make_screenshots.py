@@ -128,12 +128,9 @@ def take(ui_url: str, run_a: str, run_b: str, experiment_id: str, out_dir: Path)
             # button appears.
             runs_filter = urllib.parse.quote(f"attributes.run_id IN ('{run_a}', '{run_b}')")
             page.goto(
-                f"{ui_url}/#/experiments/{experiment_id}/runs"
-                f"?workflowType=machine_learning&searchFilter={runs_filter}"
+                f"{ui_url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&searchFilter={runs_filter}"
             )
-            page.wait_for_function(
-                "document.body.innerText.includes('2 matching runs')", timeout=90_000
-            )
+            page.wait_for_function("document.body.innerText.includes('2 matching runs')", timeout=90_000)
             close_assistant(page)
             page.locator("input[type=checkbox]:visible").first.click()  # the header's "select all"
             compare = page.get_by_role("button", name="Compare", exact=True)
@@ -205,8 +202,20 @@ def main() -> None:
         port = free_port()
         ui_url = f"http://127.0.0.1:{port}"
         server = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--backend-store-uri", args.tracking_uri, "--workers", "1"],
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--backend-store-uri",
+                args.tracking_uri,
+                "--workers",
+                "1",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # its own process group: the server starts helper processes

@@ -26,7 +26,7 @@ class DigitsOptions(Options):
     """Seed of the train/validation split (fixed, so runs compare)."""
 
     @model_validator(mode="after")
-    def _needs_sklearn(self) -> "DigitsOptions":
+    def _needs_sklearn(self) -> DigitsOptions:
         require_module("sklearn", "digits", "dataset 'digits'")
         return self
 
@@ -98,11 +98,18 @@ def export_image_folder(target: Path, image_size: int = 32, val_fraction: float 
 @hookimpl
 def runjob_register_datasets(register):
     """Register digits."""
-    register("digits", build_digits, options=DigitsOptions, description="scikit-learn's 1,797 handwritten digit scans (offline)")
+    register(
+        "digits",
+        build_digits,
+        options=DigitsOptions,
+        description="scikit-learn's 1,797 handwritten digit scans (offline)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runjob.plugins.digits", description="Export the digits scans as a PNG image folder.")
+    parser = argparse.ArgumentParser(
+        prog="python -m runjob.plugins.digits", description="Export the digits scans as a PNG image folder."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     export = sub.add_parser("export", help="write DIR/train/<digit>/*.png and DIR/val/<digit>/*.png")
     export.add_argument("dir", type=Path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-
 from pathlib import Path
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -34,7 +33,9 @@ class CIFAR10Options(Options):
     @classmethod
     def _copy_present_without_download(cls, root: str, info: ValidationInfo) -> str:
         if not info.data.get("download", True) and not (Path(root) / CIFAR_FOLDER).is_dir():
-            raise ValueError(f"folder not found: {Path(root) / CIFAR_FOLDER} (download = false, so a copy must be there)")
+            raise ValueError(
+                f"folder not found: {Path(root) / CIFAR_FOLDER} (download = false, so a copy must be there)"
+            )
         return root
 
 
@@ -78,7 +79,9 @@ class ImageFolderOptions(Options):
         if classes["train"] != classes["val"]:
             only_train = sorted(set(classes["train"]) - set(classes["val"]))
             only_val = sorted(set(classes["val"]) - set(classes["train"]))
-            raise ValueError(f"train/ and val/ must hold the same class folders; only in train: {only_train}, only in val: {only_val}")
+            raise ValueError(
+                f"train/ and val/ must hold the same class folders; only in train: {only_train}, only in val: {only_val}"
+            )
         return root
 
 
@@ -90,7 +93,9 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
     eval_tf = transforms.Compose([transforms.ToTensor(), normalize])
     train_tf = eval_tf
     if options.augment:
-        train_tf = transforms.Compose([transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(), transforms.ToTensor(), normalize])
+        train_tf = transforms.Compose(
+            [transforms.RandomCrop(32, padding=4), transforms.RandomHorizontalFlip(), transforms.ToTensor(), normalize]
+        )
 
     if options.in_memory:  # the arrays as torchvision read them; the transforms run batched on the device
         train_tf = eval_tf = None
@@ -112,8 +117,14 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
         train = cifar(options.root, train=True, download=options.download, transform=train_tf)
         val = cifar(options.root, train=False, download=False, transform=eval_tf)
     except RuntimeError as error:  # torchvision: "Dataset not found or corrupted"
-        check = "whose md5 sums match torchvision's (dataset.verify = false accepts any complete copy)" if options.verify else "with all batch files"
-        raise DataError(f"CIFAR-10 not found or incomplete in {folder}: put a copy of {CIFAR_FOLDER}/ there {check}; ({error})") from None
+        check = (
+            "whose md5 sums match torchvision's (dataset.verify = false accepts any complete copy)"
+            if options.verify
+            else "with all batch files"
+        )
+        raise DataError(
+            f"CIFAR-10 not found or incomplete in {folder}: put a copy of {CIFAR_FOLDER}/ there {check}; ({error})"
+        ) from None
     except OSError as error:  # network failures while downloading
         raise DataError(
             f"could not download CIFAR-10 into {options.root} ({error}); put a copy of {CIFAR_FOLDER}/ in dataset.root "
@@ -126,7 +137,12 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
     if options.in_memory:
         train, val = _cifar_tensors(train, options.augment), _cifar_tensors(val, False)
     return DatasetSplits(
-        train=train, val=val, num_classes=len(train_classes), classes=list(train_classes), source=str(folder.resolve()), digest=digest,
+        train=train,
+        val=val,
+        num_classes=len(train_classes),
+        classes=list(train_classes),
+        source=str(folder.resolve()),
+        digest=digest,
     )
 
 
@@ -173,7 +189,9 @@ def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
     flip = [transforms.RandomHorizontalFlip()] if options.augment else []
     root = Path(options.root)
     try:
-        train = datasets.ImageFolder(str(root / "train"), transform=transforms.Compose(resize + flip + tail), loader=_read_image)
+        train = datasets.ImageFolder(
+            str(root / "train"), transform=transforms.Compose(resize + flip + tail), loader=_read_image
+        )
         val = datasets.ImageFolder(str(root / "val"), transform=transforms.Compose(resize + tail), loader=_read_image)
     except FileNotFoundError as error:  # a class folder without any image
         raise DataError(f"{error} (dataset.root = {root})") from None
@@ -181,7 +199,14 @@ def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
     if options.in_memory:
         train = _decoded(train, options, flip=options.augment)
         val = _decoded(val, options, flip=False)
-    return DatasetSplits(train=train, val=val, num_classes=len(classes), classes=classes, source=str(root.resolve()), digest=_listing_digest(root))
+    return DatasetSplits(
+        train=train,
+        val=val,
+        num_classes=len(classes),
+        classes=classes,
+        source=str(root.resolve()),
+        digest=_listing_digest(root),
+    )
 
 
 def _decoded(folder, options: ImageFolderOptions, flip: bool) -> ImageTensors:
@@ -198,7 +223,9 @@ def _decoded(folder, options: ImageFolderOptions, flip: bool) -> ImageTensors:
             f"dataset.in_memory = true needs images of one size, but {folder.root} holds {len(sizes)} sizes "
             f"({', '.join('x'.join(map(str, size)) for size in sizes[:4])}{', ...' if len(sizes) > 4 else ''}): set dataset.image_size"
         )
-    return ImageTensors(torch.stack(images), torch.tensor(folder.targets, dtype=torch.long), options.mean, options.std, flip=flip)
+    return ImageTensors(
+        torch.stack(images), torch.tensor(folder.targets, dtype=torch.long), options.mean, options.std, flip=flip
+    )
 
 
 class SyntheticOptions(Options):
@@ -213,7 +240,7 @@ class SyntheticOptions(Options):
     """With in_memory: CIFAR's random crop (padding 4) and flip, batched on the device (to measure their cost)."""
 
     @model_validator(mode="after")
-    def _augment_needs_in_memory(self) -> "SyntheticOptions":
+    def _augment_needs_in_memory(self) -> SyntheticOptions:
         if self.augment and not self.in_memory:
             raise ValueError("augment = true needs in_memory = true")
         return self
@@ -243,6 +270,21 @@ def build_synthetic(options: SyntheticOptions) -> DatasetSplits:
 @hookimpl
 def runjob_register_datasets(register):
     """Register cifar10, imagefolder and synthetic."""
-    register("cifar10", build_cifar10, options=CIFAR10Options, description="CIFAR-10 through torchvision (download, md5 check, standard augmentation)")
-    register("imagefolder", build_imagefolder, options=ImageFolderOptions, description="torchvision ImageFolder over root/train and root/val")
-    register("synthetic", build_synthetic, options=SyntheticOptions, description="random CIFAR-shaped images, for throughput and GPU checks")
+    register(
+        "cifar10",
+        build_cifar10,
+        options=CIFAR10Options,
+        description="CIFAR-10 through torchvision (download, md5 check, standard augmentation)",
+    )
+    register(
+        "imagefolder",
+        build_imagefolder,
+        options=ImageFolderOptions,
+        description="torchvision ImageFolder over root/train and root/val",
+    )
+    register(
+        "synthetic",
+        build_synthetic,
+        options=SyntheticOptions,
+        description="random CIFAR-shaped images, for throughput and GPU checks",
+    )

@@ -32,7 +32,7 @@ class SGDOptions(ImplementationOptions):
     weight_decay: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
-    def _nesterov_needs_momentum(self) -> "SGDOptions":
+    def _nesterov_needs_momentum(self) -> SGDOptions:
         if self.nesterov and self.momentum == 0:
             raise ValueError("nesterov = true needs momentum > 0")
         return self
@@ -45,7 +45,7 @@ class AdamOptions(ImplementationOptions):
     weight_decay: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
-    def _betas_in_range(self) -> "AdamOptions":
+    def _betas_in_range(self) -> AdamOptions:
         if not all(0 <= beta < 1 for beta in self.betas):
             raise ValueError(f"betas must each be in [0, 1), got {self.betas}")
         return self
@@ -58,20 +58,40 @@ class AdamWOptions(AdamOptions):
 def build_sgd(params, options: SGDOptions):
     import torch
 
-    return torch.optim.SGD(params, lr=options.lr, momentum=options.momentum, nesterov=options.nesterov, weight_decay=options.weight_decay,
-                           **options.implementation())
+    return torch.optim.SGD(
+        params,
+        lr=options.lr,
+        momentum=options.momentum,
+        nesterov=options.nesterov,
+        weight_decay=options.weight_decay,
+        **options.implementation(),
+    )
 
 
 def build_adam(params, options: AdamOptions):
     import torch
 
-    return torch.optim.Adam(params, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay, **options.implementation())
+    return torch.optim.Adam(
+        params,
+        lr=options.lr,
+        betas=tuple(options.betas),
+        eps=options.eps,
+        weight_decay=options.weight_decay,
+        **options.implementation(),
+    )
 
 
 def build_adamw(params, options: AdamWOptions):
     import torch
 
-    return torch.optim.AdamW(params, lr=options.lr, betas=tuple(options.betas), eps=options.eps, weight_decay=options.weight_decay, **options.implementation())
+    return torch.optim.AdamW(
+        params,
+        lr=options.lr,
+        betas=tuple(options.betas),
+        eps=options.eps,
+        weight_decay=options.weight_decay,
+        **options.implementation(),
+    )
 
 
 @hookimpl

@@ -50,7 +50,9 @@ def build_cosine(optimizer, options: CosineOptions, total_steps: int):
 
     import torch
 
-    factor = partial(cosine_factor, total_steps=total_steps, warmup_steps=options.warmup_steps, min_lr_ratio=options.min_lr_ratio)
+    factor = partial(
+        cosine_factor, total_steps=total_steps, warmup_steps=options.warmup_steps, min_lr_ratio=options.min_lr_ratio
+    )
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
@@ -80,6 +82,10 @@ def build_step(optimizer, options: StepOptions, total_steps: int):
 def runjob_register_schedulers(register):
     """Register none, cosine (with warm-up), onecycle and step."""
     register("none", build_none, description="constant learning rate")
-    register("cosine", build_cosine, options=CosineOptions, description="linear warm-up, then cosine decay to min_lr_ratio")
+    register(
+        "cosine", build_cosine, options=CosineOptions, description="linear warm-up, then cosine decay to min_lr_ratio"
+    )
     register("onecycle", build_onecycle, options=OneCycleOptions, description="torch OneCycleLR over the whole run")
-    register("step", build_step, options=StepOptions, description="multiply lr by gamma every step_size optimizer steps")
+    register(
+        "step", build_step, options=StepOptions, description="multiply lr by gamma every step_size optimizer steps"
+    )

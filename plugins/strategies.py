@@ -15,7 +15,16 @@ from pydantic import Field, model_validator
 
 from runjob import ExistingFile, Options, RunjobError, StrategyPlan, hookimpl
 
-MULTI_PROCESS_DDP = ("MULTI_GPU", "MULTI_CPU", "MULTI_XPU", "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_HPU")
+MULTI_PROCESS_DDP = (
+    "MULTI_GPU",
+    "MULTI_CPU",
+    "MULTI_XPU",
+    "MULTI_NPU",
+    "MULTI_MLU",
+    "MULTI_SDAA",
+    "MULTI_MUSA",
+    "MULTI_HPU",
+)
 ONE_PROCESS = ("NO",)
 
 
@@ -36,7 +45,9 @@ class FSDPOptions(Options):
     """Accelerate's FullyShardedDataParallelPlugin. Unset version-specific keys take that version's default."""
 
     fsdp_version: Literal[1, 2] = 2
-    sharding_strategy: Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"] | None = None
+    sharding_strategy: (
+        Literal["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"] | None
+    ) = None
     """FSDP1's sharding; with FSDP2 use reshard_after_forward (FULL_SHARD = true, SHARD_GRAD_OP = false)."""
     reshard_after_forward: bool | None = None
     """FSDP2: free the gathered parameters after forward (true, like FULL_SHARD) or keep them (false)."""
@@ -60,7 +71,7 @@ class FSDPOptions(Options):
     """FSDP1 only (default true)."""
 
     @model_validator(mode="after")
-    def _consistent(self) -> "FSDPOptions":
+    def _consistent(self) -> FSDPOptions:
         if self.fsdp_version == 2:
             fsdp1_only = [k for k in FSDP1_ONLY if getattr(self, k) is not None]
             if self.sharding_strategy not in (None, "FULL_SHARD", "SHARD_GRAD_OP"):
@@ -72,7 +83,9 @@ class FSDPOptions(Options):
         elif self.reshard_after_forward is not None:
             raise ValueError("reshard_after_forward is FSDP2's; with fsdp_version = 1 use sharding_strategy")
         if self.auto_wrap_policy == "transformer_based_wrap" and not self.transformer_layer_cls_to_wrap:
-            raise ValueError("auto_wrap_policy = 'transformer_based_wrap' needs transformer_layer_cls_to_wrap (layer class names)")
+            raise ValueError(
+                "auto_wrap_policy = 'transformer_based_wrap' needs transformer_layer_cls_to_wrap (layer class names)"
+            )
         return self
 
 
@@ -88,7 +101,7 @@ class DeepSpeedOptions(Options):
     """A DeepSpeed JSON config; when given, the other keys must be left at their defaults."""
 
     @model_validator(mode="after")
-    def _config_file_alone(self) -> "DeepSpeedOptions":
+    def _config_file_alone(self) -> DeepSpeedOptions:
         if self.config_file is not None:
             changed = sorted(k for k in self.model_fields_set if k != "config_file")
             if changed:
@@ -102,7 +115,9 @@ def build_ddp(options: DDPOptions) -> StrategyPlan:
     from accelerate import DistributedDataParallelKwargs
 
     handler = DistributedDataParallelKwargs(**options.model_dump())
-    return StrategyPlan(accelerator_kwargs={"kwargs_handlers": [handler]}, expected_distributed_types=MULTI_PROCESS_DDP + ONE_PROCESS)
+    return StrategyPlan(
+        accelerator_kwargs={"kwargs_handlers": [handler]}, expected_distributed_types=MULTI_PROCESS_DDP + ONE_PROCESS
+    )
 
 
 def _accelerate_plugin(strategy: str, plugin_class: type, **settings: object) -> object:
@@ -140,7 +155,8 @@ def build_fsdp(options: FSDPOptions) -> StrategyPlan:
     if options.auto_wrap_policy == "size_based_wrap":
         wrap["min_num_params"] = options.min_num_params
     plugin = _accelerate_plugin(
-        "fsdp", FullyShardedDataParallelPlugin,
+        "fsdp",
+        FullyShardedDataParallelPlugin,
         fsdp_version=options.fsdp_version,
         state_dict_type=options.state_dict_type,
         cpu_offload=options.cpu_offload,
@@ -148,7 +164,11 @@ def build_fsdp(options: FSDPOptions) -> StrategyPlan:
         **version_specific,
         **wrap,
     )
-    return StrategyPlan(accelerator_kwargs={"fsdp_plugin": plugin}, expected_distributed_types=("FSDP",), requirement="FSDP needs CUDA GPUs")
+    return StrategyPlan(
+        accelerator_kwargs={"fsdp_plugin": plugin},
+        expected_distributed_types=("FSDP",),
+        requirement="FSDP needs CUDA GPUs",
+    )
 
 
 def build_deepspeed(options: DeepSpeedOptions) -> StrategyPlan:
@@ -156,7 +176,9 @@ def build_deepspeed(options: DeepSpeedOptions) -> StrategyPlan:
 
     missing = [m for m in ("deepspeed", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
-        raise RunjobError(f"strategy.name = 'deepspeed' needs {' and '.join(missing)}: pip install 'runjob-train[deepspeed]'")
+        raise RunjobError(
+            f"strategy.name = 'deepspeed' needs {' and '.join(missing)}: pip install 'runjob-train[deepspeed]'"
+        )
     from accelerate import DeepSpeedPlugin
 
     if options.config_file is not None:
@@ -164,7 +186,11 @@ def build_deepspeed(options: DeepSpeedOptions) -> StrategyPlan:
     else:
         settings = options.model_dump(exclude={"config_file"})
         plugin = _accelerate_plugin("deepspeed", DeepSpeedPlugin, **settings)
-    return StrategyPlan(accelerator_kwargs={"deepspeed_plugin": plugin}, expected_distributed_types=("DEEPSPEED",), requirement="DeepSpeed needs CUDA GPUs")
+    return StrategyPlan(
+        accelerator_kwargs={"deepspeed_plugin": plugin},
+        expected_distributed_types=("DEEPSPEED",),
+        requirement="DeepSpeed needs CUDA GPUs",
+    )
 
 
 def build_single(options) -> StrategyPlan:
@@ -174,7 +200,19 @@ def build_single(options) -> StrategyPlan:
 @hookimpl
 def runjob_register_strategies(register):
     """Register ddp, fsdp, deepspeed and single."""
-    register("ddp", build_ddp, options=DDPOptions, description="DistributedDataParallel across processes (plain training in one process)")
-    register("fsdp", build_fsdp, options=FSDPOptions, description="Fully Sharded Data Parallel (FSDP2 by default; CUDA)")
-    register("deepspeed", build_deepspeed, options=DeepSpeedOptions, description="DeepSpeed ZeRO stages 0-3 (CUDA; the deepspeed extra)")
+    register(
+        "ddp",
+        build_ddp,
+        options=DDPOptions,
+        description="DistributedDataParallel across processes (plain training in one process)",
+    )
+    register(
+        "fsdp", build_fsdp, options=FSDPOptions, description="Fully Sharded Data Parallel (FSDP2 by default; CUDA)"
+    )
+    register(
+        "deepspeed",
+        build_deepspeed,
+        options=DeepSpeedOptions,
+        description="DeepSpeed ZeRO stages 0-3 (CUDA; the deepspeed extra)",
+    )
     register("single", build_single, description="one process, no distributed wrapping")

@@ -88,15 +88,28 @@ def running_mlflow_server(folder: Path, port: int | None = None, template: Path 
     if template is not None and not (folder / "mlflow.db").exists():
         shutil.copy(template, folder / "mlflow.db")
     command = [
-        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-        "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination", str(folder / "artifacts"),
-        "--workers", "1",
+        sys.executable,
+        "-m",
+        "mlflow",
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend-store-uri",
+        f"sqlite:///{folder / 'mlflow.db'}",
+        "--artifacts-destination",
+        str(folder / "artifacts"),
+        "--workers",
+        "1",
     ]
     log = folder / "server.log"  # a file, not a pipe: a full pipe would stall the server
     # MLflow 3's server also starts a pool of job-runner processes (huey) unless told not to: they
     # cost tests seconds of start-up and a core's worth of CPU, and runjob needs none of them
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    server = subprocess.Popen(command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=log.open("ab"), start_new_session=True)
+    server = subprocess.Popen(
+        command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=log.open("ab"), start_new_session=True
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 90
@@ -134,7 +147,9 @@ def write_job(path: Path, text: str) -> Path:
     return path
 
 
-def make_plugin_dist(root: Path, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]) -> Path:
+def make_plugin_dist(
+    root: Path, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]
+) -> Path:
     """Lay out an installed distribution (dist-info + modules) in ``root``, as pip would.
 
     Put ``root`` on sys.path (or PYTHONPATH) and importlib.metadata finds its entry points.
@@ -188,7 +203,9 @@ def run_process_group(command: list[str], cwd: Path, env: dict[str, str], timeou
     """Run ``command`` in its own process group; on timeout, kill the whole group (workers too)."""
     import signal
 
-    proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from runjob.train.checkpoints import Position, compare_jobs, complete_checkpoints, save_checkpoint
 from runjob.errors import RunjobError
+from runjob.train.checkpoints import Position, compare_jobs, complete_checkpoints, save_checkpoint
 
 
 class OneProcess:
@@ -55,8 +55,16 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
 
 
 def test_job_comparison_separates_refused_and_allowed_changes():
-    saved = {"model": {"name": "resnet18", "num_classes": 10}, "optimizer": {"name": "sgd", "lr": 0.1}, "dataset": {"name": "digits", "num_workers": 0}}
-    now = {"model": {"name": "resnet34", "num_classes": 10}, "optimizer": {"name": "sgd", "lr": 0.05}, "dataset": {"name": "digits", "num_workers": 4}}
+    saved = {
+        "model": {"name": "resnet18", "num_classes": 10},
+        "optimizer": {"name": "sgd", "lr": 0.1},
+        "dataset": {"name": "digits", "num_workers": 0},
+    }
+    now = {
+        "model": {"name": "resnet34", "num_classes": 10},
+        "optimizer": {"name": "sgd", "lr": 0.05},
+        "dataset": {"name": "digits", "num_workers": 4},
+    }
     refused, allowed = compare_jobs(saved, now)
     assert refused == ["model.name: resnet18 -> resnet34"]
     assert allowed == ["dataset.num_workers: 0 -> 4", "optimizer.lr: 0.1 -> 0.05"]

@@ -18,7 +18,9 @@ def imported_after(tmp_path, call: str) -> list[str]:
         f"try:\n    {call}\nexcept SystemExit:\n    pass\n"
         f"print('HEAVY=' + ','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(tmp_path), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=clean_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
     line = [l for l in proc.stdout.splitlines() if l.startswith("HEAVY=")][-1]
     return [m for m in line.removeprefix("HEAVY=").split(",") if m]
 
@@ -28,22 +30,37 @@ def test_help_imports_no_heavy_library(tmp_path):
 
 
 def test_validate_imports_no_torch_mlflow_or_accelerate(tmp_path, digits_folder):
-    job = write_job(tmp_path / "job.toml", f'[model]\nname = "resnet18"\n[dataset]\nname = "imagefolder"\nroot = "{digits_folder}"\n')
+    job = write_job(
+        tmp_path / "job.toml",
+        f'[model]\nname = "resnet18"\n[dataset]\nname = "imagefolder"\nroot = "{digits_folder}"\n',
+    )
     assert imported_after(tmp_path, f"main(['validate', {str(job)!r}])") == []
 
 
 def test_validate_prints_the_resolved_job(runjob_cli, tmp_path, digits_folder):
-    write_job(tmp_path / "job.toml", f'[model]\nname = "resnet18"\n[dataset]\nname = "imagefolder"\nroot = "{digits_folder}"\n')
+    write_job(
+        tmp_path / "job.toml",
+        f'[model]\nname = "resnet18"\n[dataset]\nname = "imagefolder"\nroot = "{digits_folder}"\n',
+    )
     result = runjob_cli("validate", "job.toml", "--set", "optimizer.lr=0.05", "--set", "strategy.name=ddp")
     assert result.returncode == 0, result.stderr
     resolved = tomllib.loads(result.stdout)
-    assert resolved["optimizer"] == {"name": "adamw", "lr": 0.05, "betas": [0.9, 0.999], "eps": 1e-08, "weight_decay": 0.01}
+    assert resolved["optimizer"] == {
+        "name": "adamw",
+        "lr": 0.05,
+        "betas": [0.9, 0.999],
+        "eps": 1e-08,
+        "weight_decay": 0.01,
+    }
     assert resolved["train"]["epochs"] == 1 and resolved["train"]["batch_size"] == 32
     assert resolved["dataset"]["root"] == str(digits_folder)
 
 
 def test_bad_job_exits_2_with_one_line_per_problem(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\nnum_classes = 1\n[dataset]\nname = "imagefolder"\nroot = "missing"\n[train]\nepochs = -1\n')
+    write_job(
+        tmp_path / "job.toml",
+        '[model]\nname = "resnet18"\nnum_classes = 1\n[dataset]\nname = "imagefolder"\nroot = "missing"\n[train]\nepochs = -1\n',
+    )
     result = runjob_cli("validate", "job.toml")
     assert result.returncode == 2
     assert result.stdout == ""
@@ -82,15 +99,22 @@ def test_doctor_command_reports_and_exits_by_severity(runjob_cli, tmp_path):
     assert fine.returncode == 0, fine.stdout + fine.stderr
     report = json.loads(fine.stdout)
     assert report["ok"] is True and {"torch", "plugins", "tracking"} <= {c["name"] for c in report["checks"]}
-    blocked = runjob_cli("doctor", "job.toml", "--set", "train.mixed_precision=fp16", "--set", "tracking.uri=http://127.0.0.1:9")
+    blocked = runjob_cli(
+        "doctor", "job.toml", "--set", "train.mixed_precision=fp16", "--set", "tracking.uri=http://127.0.0.1:9"
+    )
     assert blocked.returncode == 1
     assert "[FAIL] tracking" in blocked.stdout and "http://127.0.0.1:9" in blocked.stdout
     assert "[FAIL] mixed precision" in blocked.stdout
 
 
 def test_validate_prints_the_plan_on_stderr(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n[train]\nbatch_size = 16\n')
+    write_job(
+        tmp_path / "job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n[train]\nbatch_size = 16\n'
+    )
     result = runjob_cli("validate", "job.toml", "--num-processes", "4", "--set", "train.gradient_accumulation_steps=2")
     assert result.returncode == 0
-    assert "runjob: plan: batch: 16 per process x 4 = 64 global; gradient accumulation 2 -> 128 samples per optimizer step" in result.stderr
+    assert (
+        "runjob: plan: batch: 16 per process x 4 = 64 global; gradient accumulation 2 -> 128 samples per optimizer step"
+        in result.stderr
+    )
     assert "[launch]\nnum_processes = 4" in result.stdout

@@ -109,7 +109,19 @@ def shell_commands(script: str) -> list[list[str]]:
     return commands
 
 
-PIP_OPTIONS_WITH_VALUE = {"-c", "--constraint", "-r", "--requirement", "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "-t", "--target"}
+PIP_OPTIONS_WITH_VALUE = {
+    "-c",
+    "--constraint",
+    "-r",
+    "--requirement",
+    "-i",
+    "--index-url",
+    "--extra-index-url",
+    "-f",
+    "--find-links",
+    "-t",
+    "--target",
+}
 
 
 def pip_installs(instructions) -> list[tuple[int, list[str], list[str]]]:
@@ -188,12 +200,22 @@ def test_dockerfile_installs_this_project_after_copying_its_sources():
     copied = {PurePosixPath(source).as_posix().rstrip("/") for sources, _, _ in copies for source in sources}
     assert {"pyproject.toml", "README.md", "core", "plugins"} <= copied  # README.md: pyproject's readme
     installs = pip_installs(instructions)
-    project = [(index, targets, options) for index, targets, options in installs if any(t == "." or t.startswith(".[") for t in targets)]
+    project = [
+        (index, targets, options)
+        for index, targets, options in installs
+        if any(t == "." or t.startswith(".[") for t in targets)
+    ]
     assert project, "no `pip install .`"
     with_extra = [options for _, targets, options in project if ".[digits]" in targets]
-    assert with_extra and "--no-deps" not in with_extra[0] and "--no-cache-dir" in with_extra[0], "dependencies with the digits extra"
+    assert with_extra and "--no-deps" not in with_extra[0] and "--no-cache-dir" in with_extra[0], (
+        "dependencies with the digits extra"
+    )
     # The real sources must be in place before the project's last install.
-    source_copies = [index for index, (instruction, arguments) in enumerate(instructions) if instruction == "COPY" and re.search(r"\b(core|plugins)/?\s", arguments + " ")]
+    source_copies = [
+        index
+        for index, (instruction, arguments) in enumerate(instructions)
+        if instruction == "COPY" and re.search(r"\b(core|plugins)/?\s", arguments + " ")
+    ]
     assert max(source_copies) < max(index for index, _, _ in project)
     # The base image's torch is kept: the dependency install is constrained to it.
     assert any(o in ("-c", "--constraint") for o in with_extra[0])
@@ -212,7 +234,11 @@ def test_dockerfile_runs_runjob_as_a_user_that_is_not_root_in_a_folder_with_the_
     for instruction, arguments in instructions:
         if instruction == "WORKDIR":
             workdir = str(PurePosixPath(workdir) / arguments)
-    jobs_targets = [str(PurePosixPath(wd) / dest) for sources, dest, wd in copy_instructions(instructions) if [s.rstrip("/") for s in sources] == ["jobs"]]
+    jobs_targets = [
+        str(PurePosixPath(wd) / dest)
+        for sources, dest, wd in copy_instructions(instructions)
+        if [s.rstrip("/") for s in sources] == ["jobs"]
+    ]
     assert jobs_targets and PurePosixPath(jobs_targets[-1]) == PurePosixPath(workdir) / "jobs", (jobs_targets, workdir)
     env = " ".join(arguments for instruction, arguments in instructions if instruction == "ENV")
     assert re.search(r"\bHF_HOME=" + re.escape(workdir), env)
@@ -227,12 +253,23 @@ def test_dockerfile_copies_only_paths_that_exist_and_that_the_dockerignore_keeps
         for source in sources:
             path = REPO / source
             assert path.exists(), f"COPY {source}: not in the repository"
-            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+            files = (
+                [path]
+                if path.is_file()
+                else [p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+            )
             assert files, f"COPY {source}: empty"
             for file in files:
                 relative = file.relative_to(REPO).as_posix()
                 assert not is_ignored(relative, patterns), f"{relative} is copied but excluded by {DOCKERIGNORE.name}"
-    for local_state in (".venv/bin/python", ".git/HEAD", "data/cifar10/x", "runs/job/x", "mlflow.db", "core/__pycache__/cli.cpython-311.pyc"):
+    for local_state in (
+        ".venv/bin/python",
+        ".git/HEAD",
+        "data/cifar10/x",
+        "runs/job/x",
+        "mlflow.db",
+        "core/__pycache__/cli.cpython-311.pyc",
+    ):
         assert is_ignored(local_state, patterns), f"{local_state} would be sent to the builder"
 
 
@@ -255,8 +292,20 @@ def test_the_copied_files_build_the_project(tmp_path):
                     (context / relative).parent.mkdir(parents=True, exist_ok=True)
                     shutil.copy(file, context / relative)
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(tmp_path / "dist"), str(context)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--wheel-dir",
+            str(tmp_path / "dist"),
+            str(context),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
@@ -328,7 +377,9 @@ def test_compose_trainer_reaches_the_mlflow_service_on_the_port_it_listens_on(co
     # MLflow 3 answers 403 to Host headers that are not localhost or a private IP unless allowed.
     allowed = options.get("--allowed-hosts", "").split(",")
     host_header = f"{uri.hostname}:{uri.port}"
-    assert "*" in allowed or any(fnmatch.fnmatch(host_header, a) if "*" in a else host_header == a for a in allowed), allowed
+    assert "*" in allowed or any(fnmatch.fnmatch(host_header, a) if "*" in a else host_header == a for a in allowed), (
+        allowed
+    )
     healthcheck = " ".join(services["mlflow"]["healthcheck"]["test"])
     assert "/health" in healthcheck and f":{options['--port']}/" in healthcheck
     assert services["trainer"]["depends_on"]["mlflow"]["condition"] == "service_healthy"
@@ -356,7 +407,11 @@ def test_compose_trainer_builds_the_image_and_gets_gpus_shared_memory_and_volume
     assert context == REPO
     assert (context / trainer["build"]["dockerfile"]).resolve() == DOCKERFILE
     (device,) = trainer["deploy"]["resources"]["reservations"]["devices"]
-    assert device["driver"] == "nvidia" and "gpu" in device["capabilities"] and device.get("count", device.get("device_ids"))
+    assert (
+        device["driver"] == "nvidia"
+        and "gpu" in device["capabilities"]
+        and device.get("count", device.get("device_ids"))
+    )
     size = re.fullmatch(r"(\d+)\s*([kmg]?)b?", str(trainer["shm_size"]).lower())
     assert size and int(size.group(1)) * {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[size.group(2)] >= 2**30
     mounts = mount_targets(trainer)
@@ -391,14 +446,24 @@ def fake_slurm(tmp_path):
         (bin_dir / name).chmod(0o755)
 
     def env(**extra: str) -> dict[str, str]:
-        base = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "HOME": str(tmp_path), "FAKE_DIR": str(tmp_path),
-                "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_NNODES": "2", "SLURM_NODEID": "0",
-                "SLURM_CPUS_PER_TASK": "48", "SLURM_GPUS_ON_NODE": "8"}
+        base = {
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "HOME": str(tmp_path),
+            "FAKE_DIR": str(tmp_path),
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NODELIST": "node[1-2]",
+            "SLURM_NNODES": "2",
+            "SLURM_NODEID": "0",
+            "SLURM_CPUS_PER_TASK": "48",
+            "SLURM_GPUS_ON_NODE": "8",
+        }
         base.update(extra)
         return {k: v for k, v in base.items() if v is not None}
 
     def run(*args: str, **extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", str(SBATCH), *args], cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            ["bash", str(SBATCH), *args], cwd=REPO, env=env(**extra), capture_output=True, text=True, timeout=60
+        )
 
     run.env = env
     run.dir = tmp_path
@@ -471,8 +536,14 @@ def test_sbatch_refuses_to_start_outside_slurm_or_without_the_job_file(fake_slur
 
 @pytest.mark.parametrize("requeue", ["1", "0"])
 def test_sbatch_time_limit_signal_requeues_only_when_asked(fake_slurm, requeue):
-    process = subprocess.Popen(["bash", str(SBATCH)], cwd=REPO, env=fake_slurm.env(RUNJOB_REQUEUE=requeue, FAKE_SRUN_SLEEP="30"),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        ["bash", str(SBATCH)],
+        cwd=REPO,
+        env=fake_slurm.env(RUNJOB_REQUEUE=requeue, FAKE_SRUN_SLEEP="30"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         pid_file = fake_slurm.dir / "srun.pid"
         deadline = time.monotonic() + 20
@@ -548,8 +619,13 @@ def test_pytorchjob_command_is_torchrun_of_runjob_with_the_operator_environment(
     for rank, (_, replica) in enumerate(sorted(replicas.items())):  # Master is node 0, Worker i is node i + 1
         container = pytorch_container(replica)
         (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "pytorchjob-port"]
-        operator_env = {"PET_NNODES": str(total), "PET_NPROC_PER_NODE": spec["nprocPerNode"], "PET_NODE_RANK": str(rank),
-                        "MASTER_ADDR": f"{pytorchjob['metadata']['name']}-master-0", "MASTER_PORT": str(port)}
+        operator_env = {
+            "PET_NNODES": str(total),
+            "PET_NPROC_PER_NODE": spec["nprocPerNode"],
+            "PET_NODE_RANK": str(rank),
+            "MASTER_ADDR": f"{pytorchjob['metadata']['name']}-master-0",
+            "MASTER_PORT": str(port),
+        }
         operator_env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
         words = [*container.get("command", []), *container.get("args", [])]
         expanded = [re.sub(r"\$\((\w+)\)", lambda m, env=operator_env: env[m.group(1)], str(w)) for w in words]

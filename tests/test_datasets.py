@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import write_cifar_batches
+
 from runjob.errors import DataError
 from runjob.plugins.digits import DigitsOptions, build_digits
 from runjob.plugins.image_datasets import CIFAR10Options, build_cifar10
@@ -86,5 +86,10 @@ def test_digits_are_scikit_learns_scans_read_without_importing_it():
     images, labels = digits_tensors(8)
     reference = load_digits()
     assert torch.equal(labels, torch.tensor(reference.target))
-    expected = F.interpolate(torch.tensor(reference.images, dtype=torch.float32).unsqueeze(1) / 16.0, size=(8, 8), mode="bilinear", align_corners=False)
+    expected = F.interpolate(
+        torch.tensor(reference.images, dtype=torch.float32).unsqueeze(1) / 16.0,
+        size=(8, 8),
+        mode="bilinear",
+        align_corners=False,
+    )
     assert torch.equal(images[:, 0:1], expected.clamp(0, 1)) and images.shape == (1797, 3, 8, 8)

@@ -14,8 +14,8 @@ from collections import namedtuple
 
 import pytest
 import torch
-
 from conftest import write_job
+
 from runjob.commands import doctor
 from runjob.host.plugin_host import PluginFailure, PluginHost, load_plugins
 from runjob.job.validation import load_resolved
@@ -135,7 +135,9 @@ def test_a_check_that_raises_becomes_its_failure_and_the_others_still_run(monkey
     monkeypatch.setattr(doctor, "check_accelerate", broken)
     checks = doctor.collect_checks(host=PluginHost())
 
-    assert by_name(checks, "accelerate") == doctor.Check("accelerate", "fail", "the check failed: ImportError: No module named 'accelerate'")
+    assert by_name(checks, "accelerate") == doctor.Check(
+        "accelerate", "fail", "the check failed: ImportError: No module named 'accelerate'"
+    )
     assert by_name(checks, "mlflow").status == "ok"
     assert doctor.exit_code(checks) == 1
 
@@ -164,7 +166,9 @@ def test_bf16_and_no_precision_pass_on_the_cpu(make_job):
 @cpu_only
 def test_compile_on_the_cpu_needs_a_cxx_compiler(make_job, monkeypatch):
     assert [c.name for c in doctor.check_torch(make_job())] == ["torch", "mixed precision"]  # not asked, not checked
-    assert by_name(doctor.check_torch(make_job("train.compile=true")), "compile").status == "ok"  # g++ is on this machine
+    assert (
+        by_name(doctor.check_torch(make_job("train.compile=true")), "compile").status == "ok"
+    )  # g++ is on this machine
     monkeypatch.delenv("CXX", raising=False)
     monkeypatch.setattr(doctor.shutil, "which", lambda name: None)
     check = by_name(doctor.check_torch(make_job("train.compile=true")), "compile")
@@ -182,7 +186,9 @@ def simulated_gpus(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name="Tesla V100", total_memory=32 << 30))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name="Tesla V100", total_memory=32 << 30)
+    )
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Tesla V100")
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
 
@@ -327,7 +333,10 @@ def test_failed_plugin_fails_with_its_name_distribution_version_and_error():
     checks = doctor.check_plugins(host)
 
     assert by_name(checks, "plugin broken").status == "fail"
-    assert by_name(checks, "plugin broken").detail == "broken (runjob-broken 1.2.3) failed to load: ImportError: no module named 'nope'"
+    assert (
+        by_name(checks, "plugin broken").detail
+        == "broken (runjob-broken 1.2.3) failed to load: ImportError: no module named 'nope'"
+    )
     assert by_name(checks, "plugins").status == "ok"
     assert doctor.exit_code(checks) == 1
 

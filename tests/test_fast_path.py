@@ -6,12 +6,19 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import make_plugin_dist, write_cifar_batches, write_job
-from runjob.host.components import ImageTensors
-from runjob.train.data_loading import BatchedImages, example_input
+
 from runjob.errors import DataError
-from runjob.plugins.image_datasets import CIFAR_MEAN, CIFAR_STD, CIFAR10Options, ImageFolderOptions, build_cifar10, build_imagefolder
+from runjob.host.components import ImageTensors
+from runjob.plugins.image_datasets import (
+    CIFAR_MEAN,
+    CIFAR_STD,
+    CIFAR10Options,
+    ImageFolderOptions,
+    build_cifar10,
+    build_imagefolder,
+)
+from runjob.train.data_loading import BatchedImages, example_input
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -51,13 +58,18 @@ def test_batched_crop_and_flip_match_torchvision_image_by_image(tmp_path):
     for position in checked:  # every 7th image against all 162 views torchvision could make
         image = splits.train.images[indices[position]]
         matches = [
-            (dy, dx, flip) for dy in range(9) for dx in range(9) for flip in (False, True)
+            (dy, dx, flip)
+            for dy in range(9)
+            for dx in range(9)
+            for flip in (False, True)
             if torch.allclose(inputs[position], torchvision_view(image, dy, dx, flip), atol=1e-5)
         ]
         assert matches, f"image {position} is no crop/flip torchvision would make"
         offsets.add(matches[0][:2])
         flips += matches[0][2]
-    assert len(offsets) >= 50, f"only {len(offsets)} of 81 crop offsets drawn"  # uniform over 81: ~67 expected of 143 draws
+    assert len(offsets) >= 50, (
+        f"only {len(offsets)} of 81 crop offsets drawn"
+    )  # uniform over 81: ~67 expected of 143 draws
     assert 0.3 < flips / len(checked) < 0.7
 
 
@@ -122,7 +134,14 @@ def test_in_memory_image_folder_refuses_images_of_several_sizes(tmp_path):
 def test_channels_last_batches():
     import torch
 
-    split = ImageTensors(torch.randint(0, 256, (8, 3, 6, 6), dtype=torch.uint8), torch.zeros(8, dtype=torch.long), [0.5] * 3, [0.2] * 3, 2, True)
+    split = ImageTensors(
+        torch.randint(0, 256, (8, 3, 6, 6), dtype=torch.uint8),
+        torch.zeros(8, dtype=torch.long),
+        [0.5] * 3,
+        [0.2] * 3,
+        2,
+        True,
+    )
     inputs, _ = BatchedImages(split, cpu(), seed=0, augment=True, channels_last=True).__getitems__(list(range(8)))
     assert inputs.is_contiguous(memory_format=torch.channels_last)
     inputs, _ = BatchedImages(split, cpu(), seed=0, augment=True).__getitems__(list(range(8)))
@@ -149,7 +168,10 @@ def test_fused_and_foreach_reach_torch_and_exclude_each_other(runjob_cli, tmp_pa
     assert build_sgd(params, SGDOptions(fused=True)).param_groups[0]["fused"] is True
     assert build_adamw(params, AdamWOptions(foreach=True)).param_groups[0]["foreach"] is True
     assert build_sgd(params, SGDOptions()).param_groups[0]["foreach"] is None  # torch decides
-    write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n[optimizer]\nname = "adamw"\nfused = true\nforeach = true\n')
+    write_job(
+        tmp_path / "job.toml",
+        '[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n[optimizer]\nname = "adamw"\nfused = true\nforeach = true\n',
+    )
     result = runjob_cli("validate", "job.toml")
     assert result.returncode == 2
     assert "job.toml:5: optimizer: foreach = true and fused = true cannot both be set" in result.stderr
@@ -157,7 +179,10 @@ def test_fused_and_foreach_reach_torch_and_exclude_each_other(runjob_cli, tmp_pa
 
 
 def test_compile_mode_needs_compile(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n[train]\ncompile_mode = "max-autotune"\n')
+    write_job(
+        tmp_path / "job.toml",
+        '[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n[train]\ncompile_mode = "max-autotune"\n',
+    )
     result = runjob_cli("validate", "job.toml")
     assert result.returncode == 2
     assert 'compile_mode = "max-autotune" needs compile = true' in result.stderr
@@ -224,7 +249,9 @@ offline = true
 
 @pytest.fixture
 def probe_site(tmp_path):
-    return make_plugin_dist(tmp_path / "site", "fake-probe", "1.0", {"probe": "fake_probe"}, {"fake_probe": PROBE_PLUGIN})
+    return make_plugin_dist(
+        tmp_path / "site", "fake-probe", "1.0", {"probe": "fake_probe"}, {"fake_probe": PROBE_PLUGIN}
+    )
 
 
 def test_compiled_channels_last_fused_cudnn_benchmark_run_trains_saves_and_resumes(runjob_cli, tmp_path, probe_site):
@@ -232,31 +259,61 @@ def test_compiled_channels_last_fused_cudnn_benchmark_run_trains_saves_and_resum
     from safetensors.torch import load_file
 
     write_job(tmp_path / "job.toml", TINY_DIGITS)
-    fast = ("--set", "train.compile=true", "--set", "train.channels_last=true", "--set", "optimizer.fused=true", "--set", "train.cudnn_benchmark=true")
+    fast = (
+        "--set",
+        "train.compile=true",
+        "--set",
+        "train.channels_last=true",
+        "--set",
+        "optimizer.fused=true",
+        "--set",
+        "train.cudnn_benchmark=true",
+    )
     result = runjob_cli("job.toml", *fast, "--output-dir", "fast", extra_path=[probe_site])
     assert result.returncode == 0, result.stderr[-3000:]
     probe = json.loads((tmp_path / "fast" / "probe.json").read_text())
     assert probe == {"compiled": True, "weights_channels_last": True, "optimizer_fused": True, "cudnn_benchmark": True}
     weights = load_file(tmp_path / "fast" / "model.safetensors")
     assert not any(key.startswith("_orig_mod") for key in weights)  # saved as the plain model
-    plain = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10))
+    plain = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 10),
+    )
     plain.load_state_dict(weights)
     losses = [json.loads(line) for line in (tmp_path / "fast" / "metrics.jsonl").read_text().splitlines()]
     assert [p["step"] for p in losses if p["key"] == "train/loss"] == [2, 4, 6]
 
     baseline = runjob_cli("job.toml", "--output-dir", "plain", extra_path=[probe_site])
     assert baseline.returncode == 0, baseline.stderr[-3000:]
-    assert json.loads((tmp_path / "plain" / "probe.json").read_text()) == {"compiled": False, "weights_channels_last": False, "optimizer_fused": None, "cudnn_benchmark": False}
+    assert json.loads((tmp_path / "plain" / "probe.json").read_text()) == {
+        "compiled": False,
+        "weights_channels_last": False,
+        "optimizer_fused": None,
+        "cudnn_benchmark": False,
+    }
     reference = load_file(tmp_path / "plain" / "model.safetensors")
     for key, value in reference.items():  # the same training, up to kernel rounding
         assert torch.allclose(weights[key], value, atol=1e-3), key
 
-    longer = runjob_cli("job.toml", *fast, "--set", "train.max_steps=9", "--output-dir", "fast", "--resume", extra_path=[probe_site])
+    longer = runjob_cli(
+        "job.toml", *fast, "--set", "train.max_steps=9", "--output-dir", "fast", "--resume", extra_path=[probe_site]
+    )
     assert longer.returncode == 0, longer.stderr[-3000:]
     assert "resuming step-00000006" in longer.stdout
     points = [json.loads(line) for line in (tmp_path / "fast" / "metrics.jsonl").read_text().splitlines()]
-    assert [p["step"] for p in points if p["key"] == "train/loss"] == [2, 4, 6, 8, 9]  # max_steps ended mid-epoch: it goes on from there
-    plain_resume = runjob_cli("job.toml", "--set", "train.max_steps=12", "--output-dir", "fast", "--resume", extra_path=[probe_site])
+    assert [p["step"] for p in points if p["key"] == "train/loss"] == [
+        2,
+        4,
+        6,
+        8,
+        9,
+    ]  # max_steps ended mid-epoch: it goes on from there
+    plain_resume = runjob_cli(
+        "job.toml", "--set", "train.max_steps=12", "--output-dir", "fast", "--resume", extra_path=[probe_site]
+    )
     assert plain_resume.returncode == 2
     assert "train.compile: true -> false" in plain_resume.stderr and "Traceback" not in plain_resume.stderr

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import write_job
+
 from runjob.errors import JobError
 from runjob.job.jobfile import key_lines, load_job, parse_override_value
 
 
 def test_syntax_error_names_file_line_and_column(tmp_path):
-    job = write_job(tmp_path / "bad.toml", """
+    job = write_job(
+        tmp_path / "bad.toml",
+        """
         [train]
         epochs = 3
         batch_size = = 4
-    """)
+    """,
+    )
     with pytest.raises(JobError) as caught:
         load_job(job)
     assert str(caught.value).startswith(f"{job}:3:")
@@ -37,19 +40,25 @@ def test_key_lines_follow_tables_and_dotted_keys():
 
 
 def test_extends_deep_merges_and_keeps_origins(tmp_path):
-    base = write_job(tmp_path / "base" / "base.toml", """
+    base = write_job(
+        tmp_path / "base" / "base.toml",
+        """
         [model]
         name = "resnet18"
         num_classes = 10
         [train]
         epochs = 3
         batch_size = 32
-    """)
-    child = write_job(tmp_path / "child.toml", """
+    """,
+    )
+    child = write_job(
+        tmp_path / "child.toml",
+        """
         extends = "base/base.toml"
         [train]
         epochs = 5
-    """)
+    """,
+    )
     job = load_job(child)
     assert job.data["train"] == {"epochs": 5, "batch_size": 32}
     assert job.data["model"] == {"name": "resnet18", "num_classes": 10}
@@ -78,14 +87,22 @@ def test_missing_base_names_the_path(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("0.05", 0.05), ("3", 3), ("true", True), ("ddp", "ddp"), ('"quoted"', "quoted"), ("[1, 2]", [1, 2]), ("http://h:5000", "http://h:5000")],
+    [
+        ("0.05", 0.05),
+        ("3", 3),
+        ("true", True),
+        ("ddp", "ddp"),
+        ('"quoted"', "quoted"),
+        ("[1, 2]", [1, 2]),
+        ("http://h:5000", "http://h:5000"),
+    ],
 )
 def test_override_values_are_toml_or_bare_strings(text, value):
     assert parse_override_value(text) == value
 
 
 def test_overrides_apply_in_order_and_are_marked(tmp_path):
-    job = write_job(tmp_path / "job.toml", "[optimizer]\nname = \"sgd\"\nlr = 0.1\n")
+    job = write_job(tmp_path / "job.toml", '[optimizer]\nname = "sgd"\nlr = 0.1\n')
     loaded = load_job(job, ["optimizer.lr=0.05", "strategy.name=ddp", "optimizer.lr=0.01"])
     assert loaded.data["optimizer"]["lr"] == 0.01
     assert loaded.data["strategy"] == {"name": "ddp"}
@@ -94,7 +111,7 @@ def test_overrides_apply_in_order_and_are_marked(tmp_path):
 
 @pytest.mark.parametrize("override", ["optimizer.lr", "=3", "optimizer..lr=1", "optimizer.name.x=1"])
 def test_malformed_overrides_are_reported(tmp_path, override):
-    job = write_job(tmp_path / "job.toml", "[optimizer]\nname = \"sgd\"\n")
+    job = write_job(tmp_path / "job.toml", '[optimizer]\nname = "sgd"\n')
     with pytest.raises(JobError) as caught:
         load_job(job, [override])
     assert str(caught.value).startswith("--set:")

@@ -14,18 +14,52 @@ from hypothesis import strategies as st
 from runjob.commands import cli
 from runjob.host import plugin_host
 
-KNOWN_KEYS = ["name", "seed", "epochs", "batch_size", "lr", "num_classes", "root", "max_steps", "mixed_precision", "uri", "tags", "num_processes"]
-TABLES = ["job", "model", "dataset", "optimizer", "scheduler", "strategy", "train", "launch", "tracking", "trian", "extra"]
+KNOWN_KEYS = [
+    "name",
+    "seed",
+    "epochs",
+    "batch_size",
+    "lr",
+    "num_classes",
+    "root",
+    "max_steps",
+    "mixed_precision",
+    "uri",
+    "tags",
+    "num_processes",
+]
+TABLES = [
+    "job",
+    "model",
+    "dataset",
+    "optimizer",
+    "scheduler",
+    "strategy",
+    "train",
+    "launch",
+    "tracking",
+    "trian",
+    "extra",
+]
 
 scalars = st.one_of(
-    st.integers(min_value=-10**6, max_value=10**6), st.floats(allow_nan=True, allow_infinity=True),
-    st.booleans(), st.text(max_size=12), st.sampled_from(["resnet18", "digits", "adam", "sgd", "ddp", "fsdp", "bf16", "fp16"]),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=12),
+    st.sampled_from(["resnet18", "digits", "adam", "sgd", "ddp", "fsdp", "bf16", "fp16"]),
 )
-values = st.one_of(scalars, st.lists(scalars, max_size=3), st.dictionaries(st.sampled_from(KNOWN_KEYS), scalars, max_size=3))
+values = st.one_of(
+    scalars, st.lists(scalars, max_size=3), st.dictionaries(st.sampled_from(KNOWN_KEYS), scalars, max_size=3)
+)
 tables = st.dictionaries(st.sampled_from(KNOWN_KEYS) | st.text(min_size=1, max_size=8), values, max_size=5)
 jobs = st.dictionaries(st.sampled_from(TABLES), tables | scalars, max_size=6)
-override_keys = st.lists(st.sampled_from(TABLES) | st.sampled_from(KNOWN_KEYS) | st.text(max_size=5), min_size=0, max_size=3).map(".".join)
-overrides = st.lists(st.tuples(override_keys, st.sampled_from(["=", "", "=="]), st.text(max_size=10)).map("".join), max_size=3)
+override_keys = st.lists(
+    st.sampled_from(TABLES) | st.sampled_from(KNOWN_KEYS) | st.text(max_size=5), min_size=0, max_size=3
+).map(".".join)
+overrides = st.lists(
+    st.tuples(override_keys, st.sampled_from(["=", "", "=="]), st.text(max_size=10)).map("".join), max_size=3
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,6 +99,6 @@ def test_generated_jobs_and_overrides_get_clean_errors(capsys, job, sets):
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.text(alphabet=st.sampled_from(list('[]="\'.=#\n abc123-_{},')), max_size=60))
+@given(text=st.text(alphabet=st.sampled_from(list("[]=\"'.=#\n abc123-_{},")), max_size=60))
 def test_garbage_text_gets_clean_errors(capsys, text):
     check_cli(capsys, text, [])

@@ -10,7 +10,6 @@ import time
 
 import psutil
 import pytest
-
 from conftest import clean_env, make_plugin_dist, run_process_group, write_job
 from test_training import only_run
 
@@ -122,7 +121,9 @@ def free_port() -> int:
 
 @pytest.fixture
 def check_site(tmp_path, monkeypatch):
-    site = make_plugin_dist(tmp_path / "site", "fake-ddpcheck", "1.0", {"ddpcheck": "fake_ddpcheck"}, {"fake_ddpcheck": CHECK_PLUGIN})
+    site = make_plugin_dist(
+        tmp_path / "site", "fake-ddpcheck", "1.0", {"ddpcheck": "fake_ddpcheck"}, {"fake_ddpcheck": CHECK_PLUGIN}
+    )
     monkeypatch.setenv("CHECK_DIR", str(tmp_path))
     return site
 
@@ -156,7 +157,9 @@ def linear_job(name: str, model: str = "linear4", dataset: str = "indexed") -> s
     return LINEAR_JOB.format(name=name, model=model, dataset=dataset)
 
 
-@pytest.mark.parametrize("model, dataset", [("linear4", "indexed"), ("probe4", "indexed_images")], ids=["dataset", "in-memory"])
+@pytest.mark.parametrize(
+    "model, dataset", [("linear4", "indexed"), ("probe4", "indexed_images")], ids=["dataset", "in-memory"]
+)
 def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, check_site, model, dataset):
     write_job(tmp_path / "two.toml", linear_job("two", model, dataset) + "batch_size = 8\n")
     write_job(tmp_path / "one.toml", linear_job("one", model, dataset) + "batch_size = 16\n")
@@ -174,7 +177,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(tmp_path, check_si
 
     # each epoch's samples are split across the ranks, none seen twice
     for epoch in (0, 1):
-        part = [seen[rank][epoch * 32:(epoch + 1) * 32] for rank in (0, 1)]
+        part = [seen[rank][epoch * 32 : (epoch + 1) * 32] for rank in (0, 1)]
         assert len(part[0]) == len(part[1]) == 32
         assert sorted(part[0] + part[1]) == list(range(64))
     # parameters are identical on all ranks, and equal to one process with batch 2B
@@ -199,11 +202,25 @@ def test_two_simulated_machines_make_one_job(tmp_path, check_site):
 
     write_job(tmp_path / "job.toml", linear_job("machines") + "batch_size = 8\n")
     port = str(free_port())
-    common = ["--num-processes", "2", "--num-machines", "2", "--main-process-ip", "127.0.0.1", "--main-process-port", port]
+    common = [
+        "--num-processes",
+        "2",
+        "--num-machines",
+        "2",
+        "--main-process-ip",
+        "127.0.0.1",
+        "--main-process-port",
+        port,
+    ]
     env = clean_env(tmp_path, [check_site])
     second = subprocess.Popen(
         [sys.executable, "-m", "runjob", "job.toml", *common, "--machine-rank", "1"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         first = runjob(tmp_path, check_site, "job.toml", *common, "--machine-rank", "0")
@@ -221,7 +238,9 @@ def test_two_simulated_machines_make_one_job(tmp_path, check_site):
     assert (run.data.tags["runjob.world_size"], run.data.tags["runjob.num_machines"]) == ("2", "2")
     assert lines(tmp_path / "params-0.jsonl") == lines(tmp_path / "params-1.jsonl")
     # each machine's system metrics reach the one run, named apart; training metrics come once
-    assert {"system/node0/cpu_utilization_percentage", "system/node1/cpu_utilization_percentage"} <= set(run.data.metrics)
+    assert {"system/node0/cpu_utilization_percentage", "system/node1/cpu_utilization_percentage"} <= set(
+        run.data.metrics
+    )
     client, _ = only_run(tmp_path, "machines")
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert steps and len(steps) == len(set(steps)), steps
@@ -230,7 +249,17 @@ def test_two_simulated_machines_make_one_job(tmp_path, check_site):
 def test_a_dead_worker_stops_the_whole_job_which_then_resumes(tmp_path, check_site):
     write_job(tmp_path / "job.toml", linear_job("dies") + "batch_size = 8\ncheckpoint_every = 1\n")
     started = time.monotonic()
-    result = runjob(tmp_path, check_site, "job.toml", "--num-processes", "2", "--output-dir", "out", env_extra={"DIE_AT_STEP": "3"}, timeout=180)
+    result = runjob(
+        tmp_path,
+        check_site,
+        "job.toml",
+        "--num-processes",
+        "2",
+        "--output-dir",
+        "out",
+        env_extra={"DIE_AT_STEP": "3"},
+        timeout=180,
+    )
     assert result.returncode != 0
     assert time.monotonic() - started < 120
     assert "worker rank 1 exited with code 137 (SIGKILL)" in result.stderr
@@ -251,7 +280,6 @@ def test_a_dead_worker_stops_the_whole_job_which_then_resumes(tmp_path, check_si
     assert after_resume == pytest.approx(lines(tmp_path / "params-0.jsonl")[-1], abs=1e-6)
 
 
-
 def test_processes_started_by_srun_find_each_other(tmp_path, check_site):
     """srun starts one task per process and sets SLURM_* (not WORLD_SIZE); runjob adopts them."""
     import os
@@ -263,10 +291,28 @@ def test_processes_started_by_srun_find_each_other(tmp_path, check_site):
     tasks = []
     for rank in (0, 1):
         env = clean_env(tmp_path, [check_site])
-        env.update({"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank), "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
-                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"})
-        tasks.append(subprocess.Popen([sys.executable, "-m", "runjob", "job.toml", "--output-dir", "out"], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
+        env.update(
+            {
+                "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank),
+                "SLURM_NTASKS": "2",
+                "SLURM_NTASKS_PER_NODE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "OMP_NUM_THREADS": "1",
+            }
+        )
+        tasks.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "runjob", "job.toml", "--output-dir", "out"],
+                cwd=tmp_path,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        )
     try:
         results = [task.communicate(timeout=180) for task in tasks]
     finally:

@@ -8,7 +8,6 @@ import sys
 import zipfile
 
 import pytest
-
 from conftest import REPO, clean_env, write_job
 
 pytestmark = pytest.mark.timeout(600)
@@ -47,8 +46,17 @@ def test_wheel_holds_the_package_plugins_and_entry_points(wheel):
 def test_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
     target = tmp_path / "site"
     pip("install", "--no-deps", "--target", str(target), str(wheel), cwd=tmp_path)
-    code = "import runjob, runjob.plugins; print(runjob.__file__); from runjob.commands.cli import main; main(['plugins'])"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=clean_env(tmp_path, [target]), capture_output=True, text=True, timeout=120)
+    code = (
+        "import runjob, runjob.plugins; print(runjob.__file__); from runjob.commands.cli import main; main(['plugins'])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=clean_env(tmp_path, [target]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0].startswith(str(target))
     assert "torchvision_models  (runjob-train 0.1.0" in proc.stdout
@@ -57,13 +65,23 @@ def test_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
 
 def test_example_plugin_package_plugs_in_through_its_entry_point(runjob_cli, tmp_path):
     target = tmp_path / "site"
-    pip("install", "--no-deps", "--no-build-isolation", "--target", str(target), str(REPO / "examples" / "runjob-tinymlp"), cwd=tmp_path)
+    pip(
+        "install",
+        "--no-deps",
+        "--no-build-isolation",
+        "--target",
+        str(target),
+        str(REPO / "examples" / "runjob-tinymlp"),
+        cwd=tmp_path,
+    )
 
     listed = runjob_cli("plugins", extra_path=[target])
     assert "tinymlp  (runjob-tinymlp 0.1.0, runjob_tinymlp)" in listed.stdout
     assert "models: tiny_mlp" in listed.stdout
 
-    write_job(tmp_path / "job.toml", """
+    write_job(
+        tmp_path / "job.toml",
+        """
         [job]
         name = "tiny"
         [model]
@@ -80,7 +98,8 @@ def test_example_plugin_package_plugs_in_through_its_entry_point(runjob_cli, tmp
         [train]
         epochs = 3
         batch_size = 64
-    """)
+    """,
+    )
     bad = runjob_cli("validate", "job.toml", "--set", "model.hidden_size=0", extra_path=[target])
     assert bad.returncode == 2 and "model.hidden_size: Input should be greater than or equal to 1 (got 0)" in bad.stderr
     result = runjob_cli("job.toml", extra_path=[target])

@@ -6,10 +6,10 @@ import inspect
 import sys
 
 import pytest
-
 from conftest import make_plugin_dist, write_job
-from runjob.host import hookspecs
+
 from runjob.errors import JobError
+from runjob.host import hookspecs
 from runjob.host.plugin_host import ComponentLookupError, load_plugins
 from runjob.job.validation import load_resolved
 
@@ -45,7 +45,9 @@ def test_builtins_come_through_the_entry_point_group():
 
 
 def test_broken_plugin_is_reported_and_only_matters_when_needed(plugin_path, tmp_path):
-    make_plugin_dist(plugin_path, "fake-broken", "2.3", {"broken": "fake_broken"}, {"fake_broken": "import no_such_module_here\n"})
+    make_plugin_dist(
+        plugin_path, "fake-broken", "2.3", {"broken": "fake_broken"}, {"fake_broken": "import no_such_module_here\n"}
+    )
     host = load_plugins()
     (failure,) = host.failures
     assert (failure.name, failure.distribution, failure.version) == ("broken", "fake-broken", "2.3")
@@ -57,7 +59,13 @@ def test_broken_plugin_is_reported_and_only_matters_when_needed(plugin_path, tmp
 
 
 def test_duplicate_name_is_an_error_naming_both_plugins(plugin_path, tmp_path):
-    make_plugin_dist(plugin_path, "fake-dupe", "1.0", {"dupe": "fake_dupe"}, {"fake_dupe": TINY_MODEL_PLUGIN.format(model="resnet18")})
+    make_plugin_dist(
+        plugin_path,
+        "fake-dupe",
+        "1.0",
+        {"dupe": "fake_dupe"},
+        {"fake_dupe": TINY_MODEL_PLUGIN.format(model="resnet18")},
+    )
     host = load_plugins()
     job = write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n')
     with pytest.raises(JobError) as caught:
@@ -94,7 +102,13 @@ def test_registration_that_raises_keeps_nothing(plugin_path):
 
 
 def test_plugins_command_lists_plugins_versions_and_failures(runjob_cli, tmp_path):
-    site = make_plugin_dist(tmp_path / "site", "fake-broken-cli", "9.9", {"brokencli": "fake_brokencli"}, {"fake_brokencli": "raise ImportError('needs libfoo')\n"})
+    site = make_plugin_dist(
+        tmp_path / "site",
+        "fake-broken-cli",
+        "9.9",
+        {"brokencli": "fake_brokencli"},
+        {"fake_brokencli": "raise ImportError('needs libfoo')\n"},
+    )
     result = runjob_cli("plugins", extra_path=[site])
     assert result.returncode == 0, result.stderr
     assert "optimizers  (runjob-train 0.1.0, runjob.plugins.optimizers)" in result.stdout
@@ -122,9 +136,9 @@ def test_builtin_model_names_exist_in_torchvision():
 
 
 def test_cifar_stem_changes_the_first_layers():
-    from runjob.plugins.torchvision_models import ResNetOptions, build
-
     import torch
+
+    from runjob.plugins.torchvision_models import ResNetOptions, build
 
     model = build("resnet18", ResNetOptions(num_classes=10, cifar_stem=True))
     assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)

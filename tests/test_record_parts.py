@@ -6,23 +6,36 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import free_port, write_job
+
 from runjob.errors import RunjobError, TrackingError
 from runjob.host.plugin_host import load_plugins
-from runjob.record.provenance import job_sources
 from runjob.job.validation import load_resolved
+from runjob.record.provenance import job_sources
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_job_sources_name_the_file_line_base_override_or_default(tmp_path):
-    write_job(tmp_path / "base.toml", '[job]\nname = "src"\n[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n[tracking]\nuri = "https://me:pw@host"\n')
+    write_job(
+        tmp_path / "base.toml",
+        '[job]\nname = "src"\n[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n[tracking]\nuri = "https://me:pw@host"\n',
+    )
     write_job(tmp_path / "job.toml", 'extends = "base.toml"\n[optimizer]\nname = "sgd"\nlr = 0.2\n')
     job = load_resolved(tmp_path / "job.toml", ["train.batch_size=8"], load_plugins())
     sources = job_sources(job)
-    assert sources["optimizer.lr"] == {"value": "0.2", "from": "job file", "file": str(tmp_path / "job.toml"), "line": 4}
-    assert sources["model.name"] == {"value": "resnet18", "from": "extends", "file": str(tmp_path / "base.toml"), "line": 4}
+    assert sources["optimizer.lr"] == {
+        "value": "0.2",
+        "from": "job file",
+        "file": str(tmp_path / "job.toml"),
+        "line": 4,
+    }
+    assert sources["model.name"] == {
+        "value": "resnet18",
+        "from": "extends",
+        "file": str(tmp_path / "base.toml"),
+        "line": 4,
+    }
     assert sources["train.batch_size"] == {"value": "8", "from": "--set"}
     assert sources["train.log_every"] == {"value": "10", "from": "default"}
     assert sources["tracking.uri"]["value"] == "https://me:***@host", "secrets never leave the machine"
@@ -44,7 +57,9 @@ def test_flops_are_counted_on_a_shapes_only_model():
     # forward: 8*4 multiply-adds = 64 FLOPs; backward: the weight gradient, as many again (the
     # input needs no gradient); BatchNorm's elementwise work is not counted
     assert training_flops_per_sample(shapes_only, (8,), torch.float32) == pytest.approx(4 * 8 * 4, rel=0.01)
-    assert training_flops_per_sample(meta_model(lambda: torch.nn.Linear(8, 4)), (5,), torch.float32) is None  # wrong shape: no count
+    assert (
+        training_flops_per_sample(meta_model(lambda: torch.nn.Linear(8, 4)), (5,), torch.float32) is None
+    )  # wrong shape: no count
     import torchvision
 
     resnet = meta_model(lambda: torchvision.models.resnet18(num_classes=10))
@@ -57,9 +72,16 @@ def test_sync_reads_every_point_and_leaves_out_only_a_torn_last_line(tmp_path):
 
     lines = [json.dumps({"key": "train/loss", "value": 1.0 / s, "step": s, "timestamp": 1000 + s}) for s in range(1, 4)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"key": "train/lo')
-    (tmp_path / "metrics.node1.jsonl").write_text(json.dumps({"key": "system/node1/cpu", "value": 5.0, "step": 0, "timestamp": 9}) + "\n")
+    (tmp_path / "metrics.node1.jsonl").write_text(
+        json.dumps({"key": "system/node1/cpu", "value": 5.0, "step": 0, "timestamp": 9}) + "\n"
+    )
     points = read_metric_points(tmp_path)
-    assert [(p["key"], p["step"]) for p in points] == [("train/loss", 1), ("train/loss", 2), ("train/loss", 3), ("system/node1/cpu", 0)]
+    assert [(p["key"], p["step"]) for p in points] == [
+        ("train/loss", 1),
+        ("train/loss", 2),
+        ("train/loss", 3),
+        ("system/node1/cpu", 0),
+    ]
     (tmp_path / "metrics.jsonl").write_text("garbage\n" + "\n".join(lines) + "\n")
     with pytest.raises(RunjobError, match=r"metrics.jsonl:1: not a metric record"):
         read_metric_points(tmp_path)
@@ -120,8 +142,7 @@ def test_the_final_model_is_an_mlflow_model_with_the_saved_weights(tmp_path, kin
         model=SimpleNamespace(name="tiny", options=None, component=SimpleNamespace(factory=build)),
         tracking=SimpleNamespace(log_model=kind),
     )
-    splits = SimpleNamespace(val=[(torch.zeros(4), 0)])
-    folder = save_mlflow_model(job, tmp_path, splits)
+    folder = save_mlflow_model(job, tmp_path, torch.zeros(4))
     loaded = mlflow.pytorch.load_model(str(folder))
     inputs = torch.randn(5, 4)
     with torch.no_grad():
@@ -149,15 +170,21 @@ def test_a_model_torch_export_refuses_is_an_error_not_a_fallback(tmp_path):
 
     save_file(DataDependent().state_dict(), tmp_path / "model.safetensors")
     job = SimpleNamespace(
-        model=SimpleNamespace(name="branchy", options=None, component=SimpleNamespace(factory=lambda options: DataDependent())),
+        model=SimpleNamespace(
+            name="branchy", options=None, component=SimpleNamespace(factory=lambda options: DataDependent())
+        ),
         tracking=SimpleNamespace(log_model="pt2"),
     )
-    with pytest.raises(TrainingError, match=r"tracking.log_model = 'pt2': torch.export could not export model 'branchy'.*'pickle'"):
-        save_mlflow_model(job, tmp_path, SimpleNamespace(val=[(torch.ones(4), 0)]))
+    with pytest.raises(
+        TrainingError, match=r"tracking.log_model = 'pt2': torch.export could not export model 'branchy'.*'pickle'"
+    ):
+        save_mlflow_model(job, tmp_path, torch.ones(4))
 
 
 def test_sync_of_a_folder_that_holds_no_run_is_one_clear_line(tmp_path, capsys):
     from runjob.commands.cli import main
 
     assert main(["sync", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.splitlines() == [f"runjob: {tmp_path}: no mlflow_run.json here: not the output folder of a runjob run"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"runjob: {tmp_path}: no mlflow_run.json here: not the output folder of a runjob run"
+    ]

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import clean_env, make_plugin_dist, write_job
 
 pytestmark = pytest.mark.timeout(600)
@@ -48,7 +47,9 @@ JOB = """
 
 @pytest.fixture
 def killer(tmp_path):
-    return make_plugin_dist(tmp_path / "site", "fake-killer", "1.0", {"killer": "fake_killer"}, {"fake_killer": KILLER_PLUGIN})
+    return make_plugin_dist(
+        tmp_path / "site", "fake-killer", "1.0", {"killer": "fake_killer"}, {"fake_killer": KILLER_PLUGIN}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +57,14 @@ def baseline_weights(tmp_path_factory):
     """The weights of the job run without interruption (once for the module)."""
     folder = tmp_path_factory.mktemp("baseline")
     write_job(folder / "job.toml", JOB)
-    proc = subprocess.run([sys.executable, "-m", "runjob", "job.toml", "--output-dir", "out"], cwd=folder, env=clean_env(folder),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "runjob", "job.toml", "--output-dir", "out"],
+        cwd=folder,
+        env=clean_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return (folder / "out" / "model.safetensors").read_bytes()
 
@@ -109,7 +116,9 @@ def test_sigterm_checkpoints_ends_killed_and_resumes_the_same_run(runjob_cli, tm
     assert run.info.status == "KILLED"
 
     monkeypatch.delenv("KILL_AT_STEP")
-    resumed = runjob_cli("job.toml", "--output-dir", "out", "--resume", "--set", "train.log_every=5", extra_path=[killer])
+    resumed = runjob_cli(
+        "job.toml", "--output-dir", "out", "--resume", "--set", "train.log_every=5", extra_path=[killer]
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == baseline
     run, steps = steps_of(tmp_path, run_id)
@@ -129,7 +138,9 @@ def test_resume_refuses_another_job_and_reports_bad_checkpoints(runjob_cli, tmp_
     assert runjob_cli("job.toml", "--output-dir", "out", extra_path=[killer]).returncode == 143
     monkeypatch.delenv("KILL_AT_STEP")
 
-    other = runjob_cli("job.toml", "--output-dir", "out", "--resume", "--set", "dataset.image_size=8", "--set", "optimizer.lr=0.1")
+    other = runjob_cli(
+        "job.toml", "--output-dir", "out", "--resume", "--set", "dataset.image_size=8", "--set", "optimizer.lr=0.1"
+    )
     assert other.returncode == 2
     assert "made by a different job; these values differ: dataset.image_size: 16 -> 8" in other.stderr
     assert "optimizer.lr" not in other.stderr  # a learning rate may change on resume

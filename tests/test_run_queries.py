@@ -13,18 +13,31 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import write_job
 from test_training import SMALL_DIGITS
 
 from runjob.commands.cli import main
 
 T0 = 1_780_000_000_000  # ms; the runs start a minute apart from here
-JOB_KEYS = {"model.name": "resnet18", "train.epochs": "6", "dataset.root": "data/digits", "tracking.tags.api_token": "***"}
+JOB_KEYS = {
+    "model.name": "resnet18",
+    "train.epochs": "6",
+    "dataset.root": "data/digits",
+    "tracking.tags.api_token": "***",
+}
 VALID_JOB = textwrap.dedent(SMALL_DIGITS).format(name="recorded") + '[tracking.tags]\napi_token = "***"\n'
 
 
-def _record(client, experiment_id: str, name: str, minute: int, params: dict, metrics: dict, status: str, job_toml: str | None = None) -> str:
+def _record(
+    client,
+    experiment_id: str,
+    name: str,
+    minute: int,
+    params: dict,
+    metrics: dict,
+    status: str,
+    job_toml: str | None = None,
+) -> str:
     """A run as runjob leaves it: params, metric histories (the last point is the final value), status."""
     run = client.create_run(experiment_id, start_time=T0 + minute * 60_000, run_name=name)
     run_id = run.info.run_id
@@ -53,11 +66,27 @@ def store(tmp_path_factory, empty_mlflow_db):
     cifar = client.create_experiment("cifar", artifact_location=str(folder / "artifacts"))
     client.create_experiment("empty", artifact_location=str(folder / "artifacts"))
     ids = {
-        "slow": _record(client, digits, "slow", 0, {**JOB_KEYS, "optimizer.lr": "0.001"},
-                        {"val/accuracy": [0.5, 0.8], "val/loss": [0.9, 0.4], "train/loss": [0.3]}, "FINISHED"),
-        "fast": _record(client, digits, "fast", 1, {**JOB_KEYS, "optimizer.lr": "0.01"},
-                        {"val/accuracy": [0.9], "val/loss": [0.3], "train/loss": [0.35], "lr": [0.01]}, "FAILED"),
-        "secret": _record(client, digits, "secret", 2, {**JOB_KEYS, "optimizer.lr": "0.001"}, {}, "FINISHED", job_toml=VALID_JOB),
+        "slow": _record(
+            client,
+            digits,
+            "slow",
+            0,
+            {**JOB_KEYS, "optimizer.lr": "0.001"},
+            {"val/accuracy": [0.5, 0.8], "val/loss": [0.9, 0.4], "train/loss": [0.3]},
+            "FINISHED",
+        ),
+        "fast": _record(
+            client,
+            digits,
+            "fast",
+            1,
+            {**JOB_KEYS, "optimizer.lr": "0.01"},
+            {"val/accuracy": [0.9], "val/loss": [0.3], "train/loss": [0.35], "lr": [0.01]},
+            "FAILED",
+        ),
+        "secret": _record(
+            client, digits, "secret", 2, {**JOB_KEYS, "optimizer.lr": "0.001"}, {}, "FINISHED", job_toml=VALID_JOB
+        ),
         "foreign": _record(client, cifar, "foreign", 3, {"epochs": "3"}, {"acc": [0.5]}, "FINISHED"),
     }
     return uri, ids
@@ -88,7 +117,9 @@ def test_runs_lists_newest_first_with_differing_keys_and_final_metrics(store, ca
     # only the key that differs, then the final (not the first) metric values
     assert results[0].split() == ["run", "id", "optimizer.lr", "val/accuracy", "val/loss", "train/loss"]
     assert [line.split() for line in results[1:]] == [
-        [ids["secret"], "0.001"], [ids["fast"], "0.01", "0.9", "0.3", "0.35"], [ids["slow"], "0.001", "0.8", "0.4", "0.3"],
+        [ids["secret"], "0.001"],
+        [ids["fast"], "0.01", "0.9", "0.3", "0.35"],
+        [ids["slow"], "0.001", "0.8", "0.4", "0.3"],
     ]
     assert all(len(line) <= 120 for line in out.splitlines())
 
@@ -169,11 +200,28 @@ def test_rerun_hands_cmd_run_the_job_tags_and_store(store, capsys, tmp_path, mon
     seen = {}
 
     def fake_cmd_run(args):
-        seen.update(vars(args), text=Path(args.job).read_text(), tags=os.environ["RUNJOB_RUN_TAGS"], uri=os.environ.get("MLFLOW_TRACKING_URI"))
+        seen.update(
+            vars(args),
+            text=Path(args.job).read_text(),
+            tags=os.environ["RUNJOB_RUN_TAGS"],
+            uri=os.environ.get("MLFLOW_TRACKING_URI"),
+        )
         return 0
 
     monkeypatch.setattr("runjob.commands.cli.cmd_run", fake_cmd_run)
-    code, _, err = _cli(capsys, "rerun", ids["secret"], "--tracking-uri", uri, "--set", "tracking.tags.api_token=abc", "--num-processes", "1", "--output-dir", "again")
+    code, _, err = _cli(
+        capsys,
+        "rerun",
+        ids["secret"],
+        "--tracking-uri",
+        uri,
+        "--set",
+        "tracking.tags.api_token=abc",
+        "--num-processes",
+        "1",
+        "--output-dir",
+        "again",
+    )
     assert code == 0, err
     assert seen["job"] == Path("again/rerun_source.toml") and seen["text"] == VALID_JOB
     assert seen["overrides"] == ["tracking.tags.api_token=abc"] and seen["num_processes"] == 1
@@ -193,11 +241,16 @@ def test_rerun_trains_the_recorded_job_again(runjob_cli, tmp_path, empty_mlflow_
 
     from runjob.host.plugin_host import load_plugins
     from runjob.job.redaction import redact_tables
-    from runjob.record.tracking import flatten
     from runjob.job.validation import load_resolved
+    from runjob.record.tracking import flatten
 
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="again") + '[tracking]\nlog_model = "none"\nsystem_metrics_interval = 0\n')
-    job = redact_tables(load_resolved(tmp_path / "job.toml", ["train.max_steps=2", "optimizer.lr=0.001"], load_plugins()).to_dict())
+    write_job(
+        tmp_path / "job.toml",
+        SMALL_DIGITS.format(name="again") + '[tracking]\nlog_model = "none"\nsystem_metrics_interval = 0\n',
+    )
+    job = redact_tables(
+        load_resolved(tmp_path / "job.toml", ["train.max_steps=2", "optimizer.lr=0.001"], load_plugins()).to_dict()
+    )
     shutil.copy(empty_mlflow_db, tmp_path / "mlflow.db")
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.create_experiment("again", artifact_location=str(tmp_path / "artifacts"))

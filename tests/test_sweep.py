@@ -8,14 +8,14 @@ import sys
 import tomllib
 
 import pytest
-
 from conftest import write_job
 from test_training import SMALL_DIGITS
+
 from runjob.commands.cli import main
-from runjob.job.jobfile import parse_override_value
-from runjob.host.plugin_host import load_plugins
-from runjob.job.schema import SweepRange, SweepTable
 from runjob.commands.sweep import Trial, grid_points, make_plan, read_result, toml_value
+from runjob.host.plugin_host import load_plugins
+from runjob.job.jobfile import parse_override_value
+from runjob.job.schema import SweepRange, SweepTable
 from runjob.job.validation import load_resolved
 
 BASE = SMALL_DIGITS.format(name="sw")
@@ -32,7 +32,11 @@ def validate(tmp_path, monkeypatch, capsys, text: str, *extra: str):
 
 @pytest.mark.timeout(30)
 def test_sweep_table_mistakes_are_reported_together_with_file_and_line(tmp_path, monkeypatch, capsys):
-    code, out, err = validate(tmp_path, monkeypatch, capsys, """
+    code, out, err = validate(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        """
     [sweep]
     method = "bayes"
     trails = 4
@@ -42,7 +46,8 @@ def test_sweep_table_mistakes_are_reported_together_with_file_and_line(tmp_path,
     "optimizer.weight_decay" = { low = 0.1, high = 0.01 }
     "train.batch_size" = 64
     "train.epochs" = { low = "1", high = 3 }
-    """)
+    """,
+    )
     assert code == 2 and out == ""
     assert err == [
         "runjob: job.toml:13: sweep.method: Input should be 'grid', 'random' or 'tpe' (got 'bayes')",
@@ -56,7 +61,11 @@ def test_sweep_table_mistakes_are_reported_together_with_file_and_line(tmp_path,
 
 @pytest.mark.timeout(30)
 def test_grid_refuses_ranges_and_a_budget_below_its_size(tmp_path, monkeypatch, capsys):
-    code, _, err = validate(tmp_path, monkeypatch, capsys, """
+    code, _, err = validate(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        """
     [sweep]
     trials = 3
     metric = "val/loss"
@@ -64,26 +73,38 @@ def test_grid_refuses_ranges_and_a_budget_below_its_size(tmp_path, monkeypatch, 
     optimizer.lr = [0.1, 0.01]
     "train.batch_size" = [16, 32]
     "optimizer.weight_decay" = { low = 1e-5, high = 1e-2, log = true }
-    """)
+    """,
+    )
     assert code == 2
     assert err == [
-        "runjob: job.toml:12: sweep: direction is required with metric = \"val/loss\": \"maximize\" or \"minimize\"",
-        "runjob: job.toml:18: sweep.parameters.optimizer.weight_decay: a range needs method = \"random\" or \"tpe\"; "
+        'runjob: job.toml:12: sweep: direction is required with metric = "val/loss": "maximize" or "minimize"',
+        'runjob: job.toml:18: sweep.parameters.optimizer.weight_decay: a range needs method = "random" or "tpe"; '
         "a grid takes a list of values to try (got {'low': 1e-05, 'high': 0.01, 'log': True})",
     ]
-    code, _, err = validate(tmp_path, monkeypatch, capsys, """
+    code, _, err = validate(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        """
     [sweep]
     trials = 3
     [sweep.parameters]
     optimizer.lr = [0.1, 0.01]
     "train.batch_size" = [16, 32]
-    """)
-    assert err == ["runjob: job.toml:13: sweep.trials: the grid has 4 combinations, more than trials = 3: raise trials or leave it out to run them all"]
+    """,
+    )
+    assert err == [
+        "runjob: job.toml:13: sweep.trials: the grid has 4 combinations, more than trials = 3: raise trials or leave it out to run them all"
+    ]
 
 
 @pytest.mark.timeout(30)
 def test_each_value_is_checked_against_the_job_before_any_trial(tmp_path, monkeypatch, capsys):
-    code, out, err = validate(tmp_path, monkeypatch, capsys, """
+    code, out, err = validate(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        """
     [sweep]
     method = "random"
     trials = 4
@@ -91,7 +112,8 @@ def test_each_value_is_checked_against_the_job_before_any_trial(tmp_path, monkey
     "optimizer.lr" = [0.1, -1]
     "optimizer.lrr" = [0.1, 0.2]
     "train.batch_size" = { low = 0, high = 64 }
-    """)
+    """,
+    )
     assert code == 2 and out == ""
     assert err == [
         "runjob: job.toml:16: sweep.parameters.optimizer.lr: optimizer.lr=-1 is refused: Input should be greater than 0 (got -1)",
@@ -100,11 +122,22 @@ def test_each_value_is_checked_against_the_job_before_any_trial(tmp_path, monkey
         "runjob: job.toml:18: sweep.parameters.train.batch_size: train.batch_size=0 is refused: Input should be greater than or equal to 1 (got 0)",
     ]
     # values that are fine alone but not together: the grid's combinations are checked too
-    code, _, err = validate(tmp_path, monkeypatch, capsys, """
+    code, _, err = validate(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        """
     [sweep.parameters]
     "launch.num_processes" = [6, 4]
     "launch.num_machines" = [2, 3]
-    """, "--set", "launch.num_processes=6", "--set", "launch.main_process_ip=10.0.0.1", "--set", "launch.main_process_port=29500")
+    """,
+        "--set",
+        "launch.num_processes=6",
+        "--set",
+        "launch.main_process_ip=10.0.0.1",
+        "--set",
+        "launch.main_process_port=29500",
+    )
     assert code == 2
     assert err == [
         "runjob: job.toml:12: sweep.parameters: the combination launch.num_processes=4 launch.num_machines=3 is refused: "
@@ -114,24 +147,40 @@ def test_each_value_is_checked_against_the_job_before_any_trial(tmp_path, monkey
 
 @pytest.mark.timeout(30)
 def test_validate_prints_the_base_job_and_says_the_sweep_is_for_runjob_sweep(tmp_path, monkeypatch, capsys):
-    code, out, err = validate(tmp_path, monkeypatch, capsys, """
+    code, out, err = validate(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        """
     [sweep]
     [sweep.parameters]
     "optimizer.lr" = [0.1, 0.01]
-    """, "--set", "optimizer.lr=0.5")
+    """,
+        "--set",
+        "optimizer.lr=0.5",
+    )
     assert code == 0
     resolved = tomllib.loads(out)
     assert "sweep" not in resolved and resolved["optimizer"]["lr"] == 0.5
     notes = [line for line in err if "[sweep]" in line]
-    assert notes == ["runjob: note: the job's [sweep] table is used by `runjob sweep`; the resolved job printed is the base job, without it (its values were checked)"]
+    assert notes == [
+        "runjob: note: the job's [sweep] table is used by `runjob sweep`; the resolved job printed is the base job, without it (its values were checked)"
+    ]
     job = load_resolved(tmp_path / "job.toml", [], load_plugins())
-    assert job.sweep.method == "grid" and job.sweep.direction == "maximize" and job.sweep.parameters == {"optimizer.lr": [0.1, 0.01]}
+    assert (
+        job.sweep.method == "grid"
+        and job.sweep.direction == "maximize"
+        and job.sweep.parameters == {"optimizer.lr": [0.1, 0.01]}
+    )
     assert "sweep" not in job.to_dict()
 
 
 def _sweep(method: str, seed: int, trials: int = 12) -> SweepTable:
     return SweepTable(
-        method=method, trials=trials, seed=seed, parameters={
+        method=method,
+        trials=trials,
+        seed=seed,
+        parameters={
             "optimizer.lr": SweepRange(low=1e-4, high=1e-1, log=True),
             "train.batch_size": SweepRange(low=8, high=64),
             "optimizer.betas": [[0.9, 0.999], [0.8, 0.99]],
@@ -174,12 +223,17 @@ def test_grid_is_every_combination_and_values_survive_the_trip_through_set():
 def test_a_finished_trial_without_the_metric_fails_naming_what_it_logged(tmp_path):
     trial = Trial(0, {"optimizer.lr": 0.1}, tmp_path)
     (tmp_path / "mlflow_run.json").write_text(json.dumps({"run_id": "abc"}))
-    lines = [{"key": "val/loss", "value": 0.5, "step": 3, "timestamp": 1}, {"key": "train/loss", "value": 0.4, "step": 3, "timestamp": 1}]
+    lines = [
+        {"key": "val/loss", "value": 0.5, "step": 3, "timestamp": 1},
+        {"key": "train/loss", "value": 0.4, "step": 3, "timestamp": 1},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     read_result(trial, "val/acc")
     assert (trial.status, trial.run_id, trial.value) == ("failed", "abc", None)
     assert trial.message == "logged no 'val/acc'; it logged: train/loss, val/loss"
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({**line, "value": 0.3}) + "\n" for line in lines[:1]), encoding="utf-8")
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({**line, "value": 0.3}) + "\n" for line in lines[:1]), encoding="utf-8"
+    )
     read_result(trial, "val/loss")
     assert (trial.status, trial.value) == ("finished", 0.3)
 
@@ -187,16 +241,22 @@ def test_a_finished_trial_without_the_metric_fails_naming_what_it_logged(tmp_pat
 @pytest.mark.timeout(30)
 def test_random_without_optuna_stops_before_anything_is_recorded(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna -> ImportError
-    write_job(tmp_path / "job.toml", BASE + """
+    write_job(
+        tmp_path / "job.toml",
+        BASE
+        + """
     [sweep]
     method = "random"
     trials = 2
     [sweep.parameters]
     "optimizer.lr" = { low = 1e-4, high = 1e-1 }
-    """)
+    """,
+    )
     monkeypatch.chdir(tmp_path)
     assert main(["sweep", "job.toml"]) == 2
-    assert capsys.readouterr().err.splitlines() == ["runjob: sweep.method = \"random\" needs Optuna: pip install 'runjob-train[sweep]'"]
+    assert capsys.readouterr().err.splitlines() == [
+        "runjob: sweep.method = \"random\" needs Optuna: pip install 'runjob-train[sweep]'"
+    ]
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlruns").exists()
 
 
@@ -204,14 +264,26 @@ def test_random_without_optuna_stops_before_anything_is_recorded(tmp_path, monke
 def test_grid_sweep_records_children_under_a_parent_that_names_the_best(runjob_cli, tmp_path):
     from mlflow import MlflowClient
 
-    write_job(tmp_path / "job.toml", BASE + """
+    write_job(
+        tmp_path / "job.toml",
+        BASE
+        + """
     [sweep]
     [sweep.parameters]
     "optimizer.lr" = [0.001, 0.1]
-    """)
+    """,
+    )
     result = runjob_cli(
-        "sweep", "job.toml", "--set", "train.max_steps=2", "--set", "tracking.log_model=none",
-        "--set", "tracking.system_metrics_interval=0", "--output-dir", "sweep",
+        "sweep",
+        "job.toml",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "tracking.log_model=none",
+        "--set",
+        "tracking.system_metrics_interval=0",
+        "--output-dir",
+        "sweep",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[sweep] table is used" not in result.stderr  # trials don't repeat the note

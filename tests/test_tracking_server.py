@@ -4,8 +4,6 @@ runs; and `runjob sync`, which makes the MLflow run complete from the local reco
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import signal
@@ -14,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import clean_env, free_port, running_mlflow_server, write_job
 from test_training import SMALL_DIGITS
 
@@ -21,7 +20,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.strip()
 
 
@@ -49,15 +53,28 @@ def test_a_run_carries_its_complete_record(runjob_cli, tmp_path, mlflow_server):
     from mlflow import MlflowClient
 
     repo = tmp_path / "repo"
-    write_job(repo / "base.toml", SMALL_DIGITS.format(name="complete") + '\n[tracking]\nexperiment = "server-test"\n[tracking.tags]\nteam = "vision"\n')
+    write_job(
+        repo / "base.toml",
+        SMALL_DIGITS.format(name="complete")
+        + '\n[tracking]\nexperiment = "server-test"\n[tracking.tags]\nteam = "vision"\n',
+    )
     write_job(repo / "job.toml", 'extends = "base.toml"\n[optimizer]\nname = "sgd"\nlr = 0.05\n')
     git(repo, "init", "-q")
     git(repo, "add", ".")
     git(repo, "commit", "-qm", "jobs")
     (repo / "job.toml").write_text((repo / "job.toml").read_text() + "# an uncommitted note\n")
     result = runjob_cli(
-        str(repo / "job.toml"), "--set", f"tracking.uri={mlflow_server}", "--set", "train.max_steps=6", "--set", "train.log_every=2",
-        "--set", "tracking.system_metrics_interval=1", "--output-dir", "out",
+        str(repo / "job.toml"),
+        "--set",
+        f"tracking.uri={mlflow_server}",
+        "--set",
+        "train.max_steps=6",
+        "--set",
+        "train.log_every=2",
+        "--set",
+        "tracking.system_metrics_interval=1",
+        "--output-dir",
+        "out",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path / "out"
@@ -76,7 +93,12 @@ def test_a_run_carries_its_complete_record(runjob_cli, tmp_path, mlflow_server):
     assert tags["runjob.plugin.torchvision_models"] == "runjob-train 0.1.0" and tags["runjob.torch_version"]
     assert tags["runjob.accelerate_version"] and tags["runjob.cuda_version"]
     assert tags["mlflow.source.git.commit"] == git(repo, "rev-parse", "HEAD") and tags["runjob.git.dirty"] == "true"
-    assert (tags["runjob.distributed_type"], tags["runjob.world_size"], tags["runjob.num_machines"], tags["runjob.mixed_precision"]) == ("NO", "1", "1", "no")
+    assert (
+        tags["runjob.distributed_type"],
+        tags["runjob.world_size"],
+        tags["runjob.num_machines"],
+        tags["runjob.mixed_precision"],
+    ) == ("NO", "1", "1", "no")
     assert float(tags["runjob.flops_per_sample"]) > 1e6
     # metrics, each also in metrics.jsonl
     assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [2, 4, 6]
@@ -98,8 +120,13 @@ def test_a_run_carries_its_complete_record(runjob_cli, tmp_path, mlflow_server):
     sources = json.loads(Path(client.download_artifacts(run_id, "job_sources.json", str(folder))).read_text())
     assert sources["optimizer.lr"]["from"] == "job file" and sources["optimizer.lr"]["line"] == 4
     assert sources["model.name"]["from"] == "extends" and sources["model.name"]["file"] == str(repo / "base.toml")
-    assert sources["train.max_steps"] == {"value": "6", "from": "--set"} and sources["job.seed"] == {"value": "0", "from": "default"}
-    assert Path(client.download_artifacts(run_id, "job.toml", str(folder))).read_text() == (out / "job.toml").read_text()
+    assert sources["train.max_steps"] == {"value": "6", "from": "--set"} and sources["job.seed"] == {
+        "value": "0",
+        "from": "default",
+    }
+    assert (
+        Path(client.download_artifacts(run_id, "job.toml", str(folder))).read_text() == (out / "job.toml").read_text()
+    )
     assert {a.path for a in client.list_artifacts(run_id, "best")} == {"best/model.safetensors", "best/best.json"}
     # the final model loads back with MLflow's own API and is the trained one
     import mlflow.pytorch
@@ -129,9 +156,21 @@ def test_server_down_at_start_is_an_error_unless_offline_and_sync_uploads_later(
     refused = runjob_cli("job.toml", "--set", "train.max_steps=2", timeout=120)
     assert refused.returncode == 2
     (line,) = refused.stderr.strip().splitlines()
-    assert f"cannot reach the MLflow tracking server at {uri} (tracking.uri)" in line and "tracking.offline = true" in line
+    assert (
+        f"cannot reach the MLflow tracking server at {uri} (tracking.uri)" in line and "tracking.offline = true" in line
+    )
 
-    result = runjob_cli("job.toml", "--set", "train.max_steps=4", "--set", "train.log_every=1", "--set", "tracking.offline=true", "--output-dir", "out")
+    result = runjob_cli(
+        "job.toml",
+        "--set",
+        "train.max_steps=4",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "tracking.offline=true",
+        "--output-dir",
+        "out",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "recording offline" in result.stdout
     out = tmp_path / "out"
@@ -143,11 +182,16 @@ def test_server_down_at_start_is_an_error_unless_offline_and_sync_uploads_later(
             assert synced.returncode == 0, synced.stderr[-3000:]
         client = MlflowClient(tracking_uri=uri)
         (run,) = client.search_runs([client.get_experiment_by_name("offline").experiment_id])
-        assert run.info.status == "FINISHED" and run.info.run_id == json.loads((out / "mlflow_run.json").read_text())["run_id"]
+        assert (
+            run.info.status == "FINISHED"
+            and run.info.run_id == json.loads((out / "mlflow_run.json").read_text())["run_id"]
+        )
         assert run.data.params["train.max_steps"] == "4" and run.data.tags["runjob.version"] == "0.1.0"
         assert server_points(client, run.info.run_id, local_points(out)) == local_points(out)
         assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [1, 2, 3, 4]
-        assert {"job.toml", "job_sources.json", "model.safetensors", "model"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+        assert {"job.toml", "job_sources.json", "model.safetensors", "model"} <= {
+            a.path for a in client.list_artifacts(run.info.run_id)
+        }
         assert run.inputs.dataset_inputs[0].dataset.name == "digits"
 
 
@@ -159,9 +203,28 @@ def test_server_lost_mid_run_training_goes_on_and_sync_restores_every_point(tmp_
     write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="lost") + f'[tracking]\nuri = "{uri}"\n')
     out = tmp_path / "out"
     env = clean_env(tmp_path)
-    command = [sys.executable, "-m", "runjob", "job.toml", "--set", "train.max_steps=60", "--set", "train.log_every=1", "--output-dir", "out"]
+    command = [
+        sys.executable,
+        "-m",
+        "runjob",
+        "job.toml",
+        "--set",
+        "train.max_steps=60",
+        "--set",
+        "train.log_every=1",
+        "--output-dir",
+        "out",
+    ]
     with running_mlflow_server(tmp_path / "server", port, empty_mlflow_db):
-        proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            command,
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             deadline = time.monotonic() + 120
             while not logged_losses(out):
@@ -184,11 +247,22 @@ def test_server_lost_mid_run_training_goes_on_and_sync_restores_every_point(tmp_
         client = MlflowClient(tracking_uri=uri)
         losses = local_points(out)["train/loss"]
         assert len(losses) == 60
-        assert len(client.get_metric_history(record["run_id"], "train/loss")) < 60, "points sent after the server died cannot be there yet"
-        synced = subprocess.run([sys.executable, "-m", "runjob", "sync", "out"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert len(client.get_metric_history(record["run_id"], "train/loss")) < 60, (
+            "points sent after the server died cannot be there yet"
+        )
+        synced = subprocess.run(
+            [sys.executable, "-m", "runjob", "sync", "out"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert synced.returncode == 0, synced.stderr[-3000:]
         run = client.get_run(record["run_id"])
         assert run.info.status == "FINISHED"
         assert server_points(client, record["run_id"], local_points(out)) == local_points(out)
-        assert {"job.toml", "model.safetensors", "model", "best"} <= {a.path for a in client.list_artifacts(record["run_id"])}
+        assert {"job.toml", "model.safetensors", "model", "best"} <= {
+            a.path for a in client.list_artifacts(record["run_id"])
+        }
         assert "unsynced" not in json.loads((out / "mlflow_run.json").read_text())

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import make_plugin_dist, write_job
 from test_validation import CONTRACT
 
@@ -77,13 +76,17 @@ def test_contract_job_learns_and_leaves_a_complete_record(runjob_cli, tmp_path, 
     assert {m.key for m in client.get_metric_history(run.info.run_id, "lr")} == {"lr"}
 
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {(l["key"], l["step"], l["value"]) for l in lines if l["key"] == "val/accuracy"} == {("val/accuracy", m.step, m.value) for m in accuracy}
+    assert {(l["key"], l["step"], l["value"]) for l in lines if l["key"] == "val/accuracy"} == {
+        ("val/accuracy", m.step, m.value) for m in accuracy
+    }
     assert len([l for l in lines if l["key"] == "train/loss"]) == len(losses)
 
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"job.toml", "model.safetensors"} <= artifacts
     # the saved weights are the trained model: evaluated independently, they score what was logged
-    assert evaluate_saved_weights(out / "model.safetensors", digits_folder / "val") == pytest.approx(accuracy[-1].value, abs=1e-6)
+    assert evaluate_saved_weights(out / "model.safetensors", digits_folder / "val") == pytest.approx(
+        accuracy[-1].value, abs=1e-6
+    )
     # the recorded job reruns as it is
     rerun = runjob_cli("validate", str(out / "job.toml"))
     assert rerun.returncode == 0 and rerun.stdout == (out / "job.toml").read_text()
@@ -133,13 +136,26 @@ SMALL_DIGITS = """
 
 
 def test_event_hooks_schedule_and_accumulation(runjob_cli, tmp_path, monkeypatch):
-    site = make_plugin_dist(tmp_path / "site", "fake-events", "1.0", {"events": "fake_events"}, {"fake_events": EVENT_PLUGIN})
+    site = make_plugin_dist(
+        tmp_path / "site", "fake-events", "1.0", {"events": "fake_events"}, {"fake_events": EVENT_PLUGIN}
+    )
     events_file = tmp_path / "events.jsonl"
     monkeypatch.setenv("EVENTS_FILE", str(events_file))
     write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="hooks"))
     result = runjob_cli(
-        "job.toml", "--set", "train.max_steps=7", "--set", "train.log_every=3", "--set", "train.gradient_accumulation_steps=2",
-        "--set", "scheduler.name=cosine", "--set", "scheduler.warmup_steps=2", "--set", "optimizer.lr=0.01",
+        "job.toml",
+        "--set",
+        "train.max_steps=7",
+        "--set",
+        "train.log_every=3",
+        "--set",
+        "train.gradient_accumulation_steps=2",
+        "--set",
+        "scheduler.name=cosine",
+        "--set",
+        "scheduler.warmup_steps=2",
+        "--set",
+        "optimizer.lr=0.01",
         extra_path=[site],
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -168,7 +184,10 @@ def test_model_that_does_not_fit_the_data_fails_clearly(runjob_cli, tmp_path):
     write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="misfit"))
     result = runjob_cli("job.toml", "--set", "model.num_classes=5")
     assert result.returncode == 2
-    assert "runjob: model 'resnet18' gives outputs of shape (32, 5), but dataset 'digits' has 10 classes: set model.num_classes = 10" in result.stderr
+    assert (
+        "runjob: model 'resnet18' gives outputs of shape (32, 5), but dataset 'digits' has 10 classes: set model.num_classes = 10"
+        in result.stderr
+    )
     assert "Traceback" not in result.stderr
     _, run = only_run(tmp_path, "misfit")
     assert run.info.status == "FAILED"
@@ -249,9 +268,22 @@ def test_headline_job_runs_on_cifar_files_the_test_wrote(runjob_cli, tmp_path):
     write_cifar_batches(tmp_path / "cifar", per_batch=16)
     result = runjob_cli(
         str(REPO / "jobs" / "resnet_cifar.toml"),
-        "--set", "dataset.root=cifar", "--set", "dataset.download=false", "--set", "dataset.verify=false",
-        "--set", "dataset.num_workers=0", "--set", "dataset.persistent_workers=false",
-        "--set", "train.max_steps=2", "--set", "train.batch_size=8", "--set", "train.mixed_precision=no",
+        "--set",
+        "dataset.root=cifar",
+        "--set",
+        "dataset.download=false",
+        "--set",
+        "dataset.verify=false",
+        "--set",
+        "dataset.num_workers=0",
+        "--set",
+        "dataset.persistent_workers=false",
+        "--set",
+        "train.max_steps=2",
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "train.mixed_precision=no",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     _, run = only_run(tmp_path, "cifar10")
@@ -290,7 +322,10 @@ def test_deepspeed_without_its_extra_says_how_to_install(runjob_cli, tmp_path):
 
 
 def test_secrets_never_reach_mlflow(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="secrets") + '\n[tracking.tags]\nwarehouse = "postgresql://me:hunter2@db/x"\n')
+    write_job(
+        tmp_path / "job.toml",
+        SMALL_DIGITS.format(name="secrets") + '\n[tracking.tags]\nwarehouse = "postgresql://me:hunter2@db/x"\n',
+    )
     result = runjob_cli("job.toml", "--set", "train.max_steps=1", "--set", "tracking.tags.api_token=abc123")
     assert result.returncode == 0, result.stderr[-2000:]
     client, run = only_run(tmp_path, "secrets")
@@ -305,17 +340,48 @@ def test_secrets_never_reach_mlflow(runjob_cli, tmp_path):
 
 def test_poisoned_learning_rate_stops_with_advice(runjob_cli, tmp_path):
     write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="poison"))
-    result = runjob_cli("job.toml", "--set", "optimizer.name=sgd", "--set", "optimizer.lr=1e6", "--set", "train.max_steps=20", "--set", "train.log_every=5")
+    result = runjob_cli(
+        "job.toml",
+        "--set",
+        "optimizer.name=sgd",
+        "--set",
+        "optimizer.lr=1e6",
+        "--set",
+        "train.max_steps=20",
+        "--set",
+        "train.log_every=5",
+    )
     assert result.returncode == 2
     message = result.stderr.strip().splitlines()[-1]
-    assert "became NaN or infinite at step" in message and "optimizer.lr, now 1e+06" in message and "train.max_grad_norm" in message
+    assert (
+        "became NaN or infinite at step" in message
+        and "optimizer.lr, now 1e+06" in message
+        and "train.max_grad_norm" in message
+    )
     assert "Traceback" not in result.stderr
     _, run = only_run(tmp_path, "poison")
     assert run.info.status == "FAILED" and "NaN or infinite" in run.data.tags["runjob.error"]
-    skipping = runjob_cli("job.toml", "--set", "optimizer.name=sgd", "--set", "optimizer.lr=1e6", "--set", "train.max_steps=20",
-                          "--set", "train.log_every=5", "--set", "train.on_nonfinite=skip", "--output-dir", "skip")
+    skipping = runjob_cli(
+        "job.toml",
+        "--set",
+        "optimizer.name=sgd",
+        "--set",
+        "optimizer.lr=1e6",
+        "--set",
+        "train.max_steps=20",
+        "--set",
+        "train.log_every=5",
+        "--set",
+        "train.on_nonfinite=skip",
+        "--output-dir",
+        "skip",
+    )
     assert skipping.returncode == 0, skipping.stderr[-2000:]
-    skipped = [json.loads(l) for l in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines() if "nonfinite_skipped" in l]
+    skipped = [
+        json.loads(l)
+        for l in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()
+        if "nonfinite_skipped" in l
+    ]
     assert skipped and skipped[-1]["value"] > 0
 
 
@@ -353,8 +419,13 @@ OOM_PLUGIN = """
 
 
 def test_out_of_memory_names_the_batch_size_and_remedies(runjob_cli, tmp_path):
-    site = make_plugin_dist(tmp_path / "site", "fake-greedy", "1.0", {"greedy": "fake_greedy"}, {"fake_greedy": OOM_PLUGIN})
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="oom").replace('name = "resnet18"\n    num_classes = 10', 'name = "greedy"'))
+    site = make_plugin_dist(
+        tmp_path / "site", "fake-greedy", "1.0", {"greedy": "fake_greedy"}, {"fake_greedy": OOM_PLUGIN}
+    )
+    write_job(
+        tmp_path / "job.toml",
+        SMALL_DIGITS.format(name="oom").replace('name = "resnet18"\n    num_classes = 10', 'name = "greedy"'),
+    )
     result = runjob_cli("job.toml", extra_path=[site])
     assert result.returncode == 2, result.stderr[-2000:]
     message = result.stderr.strip().splitlines()[-1]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-
 from conftest import write_job
+
 from runjob.errors import JobError
 from runjob.host.plugin_host import load_plugins
 from runjob.job.validation import load_resolved
@@ -68,7 +68,9 @@ def test_resolved_toml_reads_back_to_the_same_job(contract, host, tmp_path):
 
 
 def test_every_problem_is_reported_with_file_line_and_key(tmp_path, host, digits_folder):
-    job = write_job(tmp_path / "job.toml", f"""
+    job = write_job(
+        tmp_path / "job.toml",
+        f"""
         [job]
         name = "x"
         [model]
@@ -85,7 +87,8 @@ def test_every_problem_is_reported_with_file_line_and_key(tmp_path, host, digits
         batch_size = "32"
         [trian]
         epochs = 1
-    """)
+    """,
+    )
     found = problems(job, host)
     assert len(found) == 6, found
     assert found == sorted(found, key=lambda p: int(p.split(":")[1])), "problems come in file order"
@@ -100,7 +103,10 @@ def test_every_problem_is_reported_with_file_line_and_key(tmp_path, host, digits
 
 def test_unknown_component_option_suggests_the_right_key(contract, host):
     found = problems(contract, host, ["optimizer.learning_rate=0.1", "model.num_class=3"])
-    assert any("optimizer.learning_rate: unknown key. Accepted keys: name, betas, eps, foreach, fused, lr, weight_decay" in p for p in found)
+    assert any(
+        "optimizer.learning_rate: unknown key. Accepted keys: name, betas, eps, foreach, fused, lr, weight_decay" in p
+        for p in found
+    )
     assert any("model.num_class: unknown key; did you mean 'num_classes'?" in p for p in found)
 
 
@@ -140,7 +146,11 @@ def test_problems_from_a_base_file_name_the_base(tmp_path, host, digits_folder):
 
 
 def test_cross_key_checks(contract, host):
-    found = problems(contract, host, ["dataset.prefetch_factor=2", "optimizer.name=sgd", "optimizer.nesterov=true", "optimizer.momentum=0.0"])
+    found = problems(
+        contract,
+        host,
+        ["dataset.prefetch_factor=2", "optimizer.name=sgd", "optimizer.nesterov=true", "optimizer.momentum=0.0"],
+    )
     assert any("need num_workers > 0" in p for p in found)
     assert any("nesterov = true needs momentum > 0" in p for p in found)
 
@@ -155,21 +165,30 @@ def test_max_steps_alone_means_no_epoch_limit(contract, host):
 
 
 def test_cifar10_without_download_needs_a_copy(tmp_path, host):
-    job = write_job(tmp_path / "job.toml", f"""
+    job = write_job(
+        tmp_path / "job.toml",
+        f"""
         [model]
         name = "resnet18"
         [dataset]
         name = "cifar10"
-        root = "{tmp_path / 'cifar'}"
+        root = "{tmp_path / "cifar"}"
         download = false
-    """)
+    """,
+    )
     (found,) = problems(job, host)
     assert f"dataset.root: folder not found: {tmp_path / 'cifar' / 'cifar-10-batches-py'}" in found
 
 
 def test_seed_fsdp_setup_is_expressible(contract, host):
     """FULL_SHARD, use_orig_params and fp16, as in the seed article's FSDP snippet."""
-    overrides = ["strategy.name=fsdp", "strategy.fsdp_version=1", "strategy.sharding_strategy=FULL_SHARD", "strategy.use_orig_params=true", "train.mixed_precision=fp16"]
+    overrides = [
+        "strategy.name=fsdp",
+        "strategy.fsdp_version=1",
+        "strategy.sharding_strategy=FULL_SHARD",
+        "strategy.use_orig_params=true",
+        "train.mixed_precision=fp16",
+    ]
     job = load_resolved(contract, overrides, host)
     assert job.strategy.options.sharding_strategy == "FULL_SHARD" and job.strategy.options.use_orig_params is True
     assert job.train.mixed_precision == "fp16"
@@ -190,7 +209,16 @@ def test_launch_table_is_checked(contract, host):
 def test_plan_shows_batches_precision_strategy_and_warnings(contract, host):
     from runjob.job.plan import plan_lines
 
-    job = load_resolved(contract, ["launch.num_processes=4", "train.gradient_accumulation_steps=2", "train.mixed_precision=fp16", "strategy.name=fsdp"], host)
+    job = load_resolved(
+        contract,
+        [
+            "launch.num_processes=4",
+            "train.gradient_accumulation_steps=2",
+            "train.mixed_precision=fp16",
+            "strategy.name=fsdp",
+        ],
+        host,
+    )
     text = "\n".join(plan_lines(job, has_gpu=False))
     assert "processes: 4 on 1 machine(s), 4 per machine" in text
     assert "batch: 32 per process x 4 = 128 global; gradient accumulation 2 -> 256 samples per optimizer step" in text
@@ -204,5 +232,7 @@ def test_options_accelerate_refuses_become_one_line_errors():
     from runjob.errors import RunjobError
     from runjob.plugins.strategies import FSDPOptions, build_fsdp
 
-    with pytest.raises(RunjobError, match="strategy.name = 'fsdp': Accelerate refused these options: .*sync_module_states"):
+    with pytest.raises(
+        RunjobError, match="strategy.name = 'fsdp': Accelerate refused these options: .*sync_module_states"
+    ):
         build_fsdp(FSDPOptions(fsdp_version=1))  # FSDP1 syncs module states, which needs a GPU

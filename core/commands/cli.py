@@ -49,7 +49,9 @@ LAUNCH_FLAGS = {
 def _add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("launch (named as `accelerate launch` names them; they win over [launch])")
     for key, (kind, text) in LAUNCH_FLAGS.items():
-        group.add_argument(f"--{key.replace('_', '-')}", dest=key, type=kind, metavar=key.split("_")[-1].upper(), help=text)
+        group.add_argument(
+            f"--{key.replace('_', '-')}", dest=key, type=kind, metavar=key.split("_")[-1].upper(), help=text
+        )
 
 
 def _overrides(args: argparse.Namespace) -> list[str]:
@@ -69,55 +71,117 @@ def _add_tracking_uri(parser: argparse.ArgumentParser, default_text: str) -> Non
 def build_parser() -> argparse.ArgumentParser:
     from runjob import __version__
 
-    parser = argparse.ArgumentParser(prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"runjob {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
 
-    run = commands.add_parser("run", help="train the job (the default command)", description="Train the job and record it to MLflow.")
+    run = commands.add_parser(
+        "run", help="train the job (the default command)", description="Train the job and record it to MLflow."
+    )
     _add_job_arguments(run)
-    run.add_argument("--output-dir", type=Path, help="where job.toml, metrics.jsonl and model.safetensors go (default: runs/<job name>/<time>)")
     run.add_argument(
-        "--resume", nargs="?", const=True, type=Path, metavar="CHECKPOINT",
+        "--output-dir",
+        type=Path,
+        help="where job.toml, metrics.jsonl and model.safetensors go (default: runs/<job name>/<time>)",
+    )
+    run.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        type=Path,
+        metavar="CHECKPOINT",
         help="continue the run in --output-dir from its newest complete checkpoint (or from CHECKPOINT)",
     )
     _add_launch_arguments(run)
 
-    validate = commands.add_parser("validate", help="check a job without running it and print it resolved", description="Check the job completely and print it, defaults filled in, as TOML. Exit 0 if it can run, 2 if not.")
+    validate = commands.add_parser(
+        "validate",
+        help="check a job without running it and print it resolved",
+        description="Check the job completely and print it, defaults filled in, as TOML. Exit 0 if it can run, 2 if not.",
+    )
     _add_job_arguments(validate)
     _add_launch_arguments(validate)
 
-    doctor = commands.add_parser("doctor", help="check this machine for a job: torch, CUDA, GPUs, NCCL, /dev/shm, MLflow, plugins", description="Check the environment (and, given a job, what it needs). Exit 1 on a blocking problem.")
+    doctor = commands.add_parser(
+        "doctor",
+        help="check this machine for a job: torch, CUDA, GPUs, NCCL, /dev/shm, MLflow, plugins",
+        description="Check the environment (and, given a job, what it needs). Exit 1 on a blocking problem.",
+    )
     doctor.add_argument("job", type=Path, nargs="?", help="a job file to check the environment against (optional)")
-    doctor.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override one job key (repeatable)")
+    doctor.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="override one job key (repeatable)",
+    )
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
 
-    commands.add_parser("plugins", help="list plugins, their versions and what they register", description="List every plugin, its distribution and version, and the components it registers.")
+    commands.add_parser(
+        "plugins",
+        help="list plugins, their versions and what they register",
+        description="List every plugin, its distribution and version, and the components it registers.",
+    )
 
     uri_default = "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here"
-    runs = commands.add_parser("runs", help="list recorded runs: status, the job keys that differ, final metrics", description="List MLflow runs with their status, the job keys that differ between them and their final metrics.")
+    runs = commands.add_parser(
+        "runs",
+        help="list recorded runs: status, the job keys that differ, final metrics",
+        description="List MLflow runs with their status, the job keys that differ between them and their final metrics.",
+    )
     runs.add_argument("--experiment", metavar="NAME", help="only this experiment's runs (default: all experiments)")
     runs.add_argument("--limit", type=int, default=20, metavar="N", help="the newest N runs (default: 20)")
     _add_tracking_uri(runs, uri_default)
 
-    diff = commands.add_parser("diff", help="compare two runs: the job keys that differ and the metric deltas", description="Show the job keys whose values differ between two runs, and each final metric with B - A.")
+    diff = commands.add_parser(
+        "diff",
+        help="compare two runs: the job keys that differ and the metric deltas",
+        description="Show the job keys whose values differ between two runs, and each final metric with B - A.",
+    )
     diff.add_argument("run_a", metavar="RUN_A", help="MLflow run id")
     diff.add_argument("run_b", metavar="RUN_B", help="MLflow run id")
     _add_tracking_uri(diff, uri_default)
 
-    rerun = commands.add_parser("rerun", help="run a recorded run's job.toml again, tagged as its rerun", description="Fetch RUN_ID's job.toml from MLflow and train it again (with any --set changes); the new run is tagged runjob.rerun_of=RUN_ID.")
+    rerun = commands.add_parser(
+        "rerun",
+        help="run a recorded run's job.toml again, tagged as its rerun",
+        description="Fetch RUN_ID's job.toml from MLflow and train it again (with any --set changes); the new run is tagged runjob.rerun_of=RUN_ID.",
+    )
     rerun.add_argument("run_id", metavar="RUN_ID", help="MLflow run id")
-    rerun.add_argument("--set", dest="overrides", action="append", default=[], metavar="TABLE.KEY=VALUE", help="override one job key (repeatable)")
-    rerun.add_argument("--output-dir", type=Path, help="where the new run's outputs go (default: runs/<job name>/<time>)")
+    rerun.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="TABLE.KEY=VALUE",
+        help="override one job key (repeatable)",
+    )
+    rerun.add_argument(
+        "--output-dir", type=Path, help="where the new run's outputs go (default: runs/<job name>/<time>)"
+    )
     _add_tracking_uri(rerun, uri_default)
     _add_launch_arguments(rerun)
 
-    sync = commands.add_parser("sync", help="upload a run's local record (OUTPUT_DIR) to MLflow", description="Upload everything a run recorded in OUTPUT_DIR (params, tags, every metric point, artifacts, status) to MLflow. Safe to repeat: nothing is logged twice.")
+    sync = commands.add_parser(
+        "sync",
+        help="upload a run's local record (OUTPUT_DIR) to MLflow",
+        description="Upload everything a run recorded in OUTPUT_DIR (params, tags, every metric point, artifacts, status) to MLflow. Safe to repeat: nothing is logged twice.",
+    )
     sync.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="the run's output folder")
     _add_tracking_uri(sync, "the one the run recorded")
 
-    sweep = commands.add_parser("sweep", help="run the trials of the job's [sweep] table under one parent MLflow run", description="Run one trial per point of the job's [sweep] table, each a child MLflow run of one parent run, and report the best.")
+    sweep = commands.add_parser(
+        "sweep",
+        help="run the trials of the job's [sweep] table under one parent MLflow run",
+        description="Run one trial per point of the job's [sweep] table, each a child MLflow run of one parent run, and report the best.",
+    )
     _add_job_arguments(sweep)
-    sweep.add_argument("--output-dir", type=Path, help="where the sweep's trials go (default: runs/<job name>-sweep/<time>)")
+    sweep.add_argument(
+        "--output-dir", type=Path, help="where the sweep's trials go (default: runs/<job name>-sweep/<time>)"
+    )
     return parser
 
 
@@ -128,9 +192,8 @@ def _print_problems(message: str) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from runjob.host.plugin_host import load_plugins
-    from runjob.job.validation import load_resolved
-
     from runjob.job.plan import plan_lines
+    from runjob.job.validation import load_resolved
 
     host = load_plugins()
     job = load_resolved(args.job, _overrides(args), host)
@@ -182,10 +245,10 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
-    from runjob.record.outputs import choose_output_dir
     from runjob.host.plugin_host import load_plugins
     from runjob.job.validation import load_resolved
+    from runjob.record.outputs import choose_output_dir
+    from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
 
     overrides = _overrides(args)
     host = load_plugins()
@@ -248,5 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         traceback.print_exc()
-        print("runjob: failed with an unexpected error (a bug in runjob or in a plugin; the traceback above shows where)", file=sys.stderr)
+        print(
+            "runjob: failed with an unexpected error (a bug in runjob or in a plugin; the traceback above shows where)",
+            file=sys.stderr,
+        )
         return 1

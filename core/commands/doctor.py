@@ -70,7 +70,9 @@ def check_torch(job: ResolvedJob | None = None) -> list[Check]:
 
     if not torch.cuda.is_available():
         built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
-        checks = [Check("torch", "warn", f"{torch.__version__} ({built}); CUDA is not available: training runs on the CPU")]
+        checks = [
+            Check("torch", "warn", f"{torch.__version__} ({built}); CUDA is not available: training runs on the CPU")
+        ]
     else:
         gpus = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
         listed = "; ".join(f"cuda:{i} {gpu.name} {_gib(gpu.total_memory)}" for i, gpu in enumerate(gpus))
@@ -88,11 +90,17 @@ def _compile_toolchain(job: ResolvedJob, torch: Any) -> Check:
 
     if torch.cuda.is_available() and not job.train.cpu:
         if importlib.util.find_spec("triton") is None:
-            return Check("compile", "fail", "train.compile = true on CUDA needs Triton (pip install triton), which is missing")
+            return Check(
+                "compile", "fail", "train.compile = true on CUDA needs Triton (pip install triton), which is missing"
+            )
         return Check("compile", "ok", "train.compile = true: Triton is installed for CUDA kernels")
     compiler = os.environ.get("CXX") or next((c for c in ("g++", "c++", "clang++") if shutil.which(c)), None)
     if compiler is None:
-        return Check("compile", "fail", "train.compile = true on the CPU needs a C++ compiler (g++ or clang++; or set CXX); none found")
+        return Check(
+            "compile",
+            "fail",
+            "train.compile = true on the CPU needs a C++ compiler (g++ or clang++; or set CXX); none found",
+        )
     return Check("compile", "ok", f"train.compile = true on the CPU: C++ compiler {compiler}")
 
 
@@ -102,9 +110,17 @@ def _mixed_precision(job: ResolvedJob, torch: Any) -> Check:
     on_cuda = torch.cuda.is_available() and not job.train.cpu
     if asked == "fp16" and not on_cuda:
         why = "train.cpu = true" if torch.cuda.is_available() else "no CUDA here"
-        return Check("mixed precision", "fail", f"train.mixed_precision = 'fp16' needs a GPU ({why}); use 'bf16' (works on CPU) or 'no'")
+        return Check(
+            "mixed precision",
+            "fail",
+            f"train.mixed_precision = 'fp16' needs a GPU ({why}); use 'bf16' (works on CPU) or 'no'",
+        )
     if asked == "bf16" and on_cuda and not torch.cuda.is_bf16_supported():
-        return Check("mixed precision", "fail", f"train.mixed_precision = 'bf16', but {torch.cuda.get_device_name(0)} does not support bf16; use 'fp16' or 'no'")
+        return Check(
+            "mixed precision",
+            "fail",
+            f"train.mixed_precision = 'bf16', but {torch.cuda.get_device_name(0)} does not support bf16; use 'fp16' or 'no'",
+        )
     return Check("mixed precision", "ok", f"train.mixed_precision = {asked!r} on {'CUDA' if on_cuda else 'the CPU'}")
 
 
@@ -114,7 +130,13 @@ def check_distributed() -> list[Check]:
     import torch.distributed as dist
 
     if not dist.is_available():
-        return [Check("distributed", "warn", "torch was built without torch.distributed: only single-process runs are possible")]
+        return [
+            Check(
+                "distributed",
+                "warn",
+                "torch was built without torch.distributed: only single-process runs are possible",
+            )
+        ]
     if torch.cuda.is_available():
         if not dist.is_nccl_available():
             return [Check("nccl", "warn", "NCCL is not available in this torch build: multi-GPU runs cannot use it")]
@@ -122,7 +144,13 @@ def check_distributed() -> list[Check]:
         return [Check("nccl", "ok", f"NCCL {version} available for multi-GPU runs")]
     if dist.is_gloo_available():
         return [Check("gloo", "ok", "no GPU: multi-process CPU runs use gloo, which is available")]
-    return [Check("gloo", "warn", "no GPU and gloo is not available in this torch build: multi-process CPU runs are impossible")]
+    return [
+        Check(
+            "gloo",
+            "warn",
+            "no GPU and gloo is not available in this torch build: multi-process CPU runs are impossible",
+        )
+    ]
 
 
 def check_accelerate() -> list[Check]:
@@ -172,7 +200,9 @@ def check_tracking(job: ResolvedJob | None = None) -> list[Check]:
         return [_check_http(uri, source)]
     if scheme == "sqlite":
         return [_check_sqlite(uri, source)]
-    return [Check("tracking", "warn", f"{uri} (from {source}): not checked; doctor checks http(s) and sqlite URIs only")]
+    return [
+        Check("tracking", "warn", f"{uri} (from {source}): not checked; doctor checks http(s) and sqlite URIs only")
+    ]
 
 
 def _check_http(uri: str, source: str) -> Check:
@@ -184,7 +214,9 @@ def _check_http(uri: str, source: str) -> Check:
     except Exception as error:  # noqa: BLE001 - refused, timed out, HTTP error: all mean unreachable
         refused = isinstance(error, urllib.error.URLError) and isinstance(error.reason, BaseException)
         cause = error.reason if refused else error  # "[Errno 111] Connection refused", not "<urlopen error ...>"
-        return Check("tracking", "fail", f"MLflow at {uri} (from {source}) is unreachable: GET {url}: {_one_line(cause)}")
+        return Check(
+            "tracking", "fail", f"MLflow at {uri} (from {source}) is unreachable: GET {url}: {_one_line(cause)}"
+        )
     return Check("tracking", "ok", f"MLflow at {uri} (from {source}) answered /health with {status}")
 
 
@@ -217,7 +249,9 @@ def check_plugins(host: PluginHost | None = None) -> list[Check]:
     ]
     for (kind, name), owners in sorted(host.duplicates.items()):
         by = " and ".join(host.plugin_label(c.plugin) for c in owners)
-        checks.append(Check(f"{kind} {name}", "fail", f"{kind} {name!r} is registered twice, by {by}; uninstall one of them"))
+        checks.append(
+            Check(f"{kind} {name}", "fail", f"{kind} {name!r} is registered twice, by {by}; uninstall one of them")
+        )
     checks.append(Check("plugins", "ok", f"{len(host.plugins)} plugin(s) loaded"))
     return checks
 

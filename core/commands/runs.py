@@ -16,9 +16,10 @@ import sys
 import tempfile
 import time
 import tomllib
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from runjob.errors import RunjobError, TrackingError
 from runjob.job.redaction import HIDDEN
@@ -48,7 +49,9 @@ def open_store(uri: str):
     if uri.lower().startswith("sqlite:"):
         path = uri[len("sqlite:") :].removeprefix("//").partition("?")[0].removeprefix("/")
         if path not in ("", ":memory:") and not Path(path).exists():
-            raise TrackingError(f"no MLflow database at {uri} ({Path(path).absolute()} does not exist); run where you trained, or give --tracking-uri")
+            raise TrackingError(
+                f"no MLflow database at {uri} ({Path(path).absolute()} does not exist); run where you trained, or give --tracking-uri"
+            )
     return MlflowClient(tracking_uri=uri)
 
 
@@ -61,7 +64,9 @@ def _reading(uri: str) -> Iterator[None]:
         raise
     except Exception as error:  # noqa: BLE001 - unreachable server, bad store: the same to the user
         lines = str(error).strip().splitlines()
-        raise TrackingError(f"cannot read from MLflow at {uri}: {type(error).__name__}: {lines[0] if lines else ''}") from None
+        raise TrackingError(
+            f"cannot read from MLflow at {uri}: {type(error).__name__}: {lines[0] if lines else ''}"
+        ) from None
 
 
 def get_run(client: Any, uri: str, run_id: str) -> Any:
@@ -184,8 +189,15 @@ def results_table(runs: list[Any]) -> list[str]:
     params = [r.data.params for r in runs]
     # keys every run has first: runs of different jobs also "differ" in every key only one job has
     keys = sorted(differing_keys(params), key=lambda k: sum(k not in p for p in params))
-    key_columns = [(shorten(k, KEY_COLUMN_WIDTH), [shorten(r.data.params.get(k, "-"), KEY_COLUMN_WIDTH) for r in runs]) for k in keys]
-    metrics = [(m, [_number(r.data.metrics.get(m)) for r in runs]) for m in KEY_METRICS if any(m in r.data.metrics for r in runs)]
+    key_columns = [
+        (shorten(k, KEY_COLUMN_WIDTH), [shorten(r.data.params.get(k, "-"), KEY_COLUMN_WIDTH) for r in runs])
+        for k in keys
+    ]
+    metrics = [
+        (m, [_number(r.data.metrics.get(m)) for r in runs])
+        for m in KEY_METRICS
+        if any(m in r.data.metrics for r in runs)
+    ]
     ids = [("run id", [r.info.run_id for r in runs])]
     shown = 0
     while shown < len(key_columns) and _width(ids + key_columns[: shown + 1] + metrics) <= TABLE_WIDTH:
@@ -215,13 +227,21 @@ def cmd_runs(args: argparse.Namespace) -> int:
         experiments = _all_experiments(client)
         chosen = _choose_experiments(experiments, args.experiment, uri)
         ids = [e.experiment_id for e in chosen]
-        runs = list(client.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=args.limit)) if ids else []
+        runs = (
+            list(client.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=args.limit))
+            if ids
+            else []
+        )
     if not runs:
         where = f"in experiment {args.experiment} " if args.experiment else ""
         print(f"no runs {where}at {uri}")
         return 0
     results = results_table(runs)
-    for line in [*overview_table(runs, {e.experiment_id: e.name for e in experiments}), *([""] if results else []), *results]:
+    for line in [
+        *overview_table(runs, {e.experiment_id: e.name for e in experiments}),
+        *([""] if results else []),
+        *results,
+    ]:
         print(line)
     if len(runs) == args.limit:
         print(f"(the newest {args.limit}; --limit N lists more)")
@@ -238,7 +258,10 @@ def param_lines(a: dict[str, str], b: dict[str, str]) -> list[str]:
         return [f"job keys: identical ({len(a)} keys)"]
     absent = "(absent)"
     rows = [[key, shorten(a.get(key, absent), VALUE_WIDTH), shorten(b.get(key, absent), VALUE_WIDTH)] for key in keys]
-    return [f"job keys that differ ({len(keys)} of {len(set(a) | set(b))}):", *render(["key", "A", "B"], rows, indent="  ")]
+    return [
+        f"job keys that differ ({len(keys)} of {len(set(a) | set(b))}):",
+        *render(["key", "A", "B"], rows, indent="  "),
+    ]
 
 
 def metric_lines(a: dict[str, float], b: dict[str, float]) -> list[str]:
@@ -259,7 +282,9 @@ def metric_lines(a: dict[str, float], b: dict[str, float]) -> list[str]:
 
 def diff_lines(a: Any, b: Any) -> list[str]:
     """The whole `diff` report for runs ``a`` and ``b``."""
-    header = [f"{label}  {r.info.run_id}  {r.info.run_name or ''}  {r.info.status}" for label, r in (("A", a), ("B", b))]
+    header = [
+        f"{label}  {r.info.run_id}  {r.info.run_name or ''}  {r.info.status}" for label, r in (("A", a), ("B", b))
+    ]
     return [*header, "", *param_lines(a.data.params, b.data.params), "", *metric_lines(a.data.metrics, b.data.metrics)]
 
 
@@ -304,7 +329,9 @@ def download_job(uri: str, run_id: str, folder: Path) -> Path:
     except MlflowException as error:
         if error.error_code != "RESOURCE_DOES_NOT_EXIST":
             raise
-        raise RunjobError(f"run {run_id} has no job.toml artifact: it was not made by runjob, or its job.toml is missing") from None
+        raise RunjobError(
+            f"run {run_id} has no job.toml artifact: it was not made by runjob, or its job.toml is missing"
+        ) from None
     return Path(path)
 
 
@@ -360,7 +387,10 @@ def _rerun_environment(args: argparse.Namespace, job: dict[str, Any]) -> dict[st
     if args.tracking_uri and not recorded_uri:
         values["MLFLOW_TRACKING_URI"] = args.tracking_uri
     elif args.tracking_uri and recorded_uri != args.tracking_uri and not overridden:
-        print(f"runjob: the job records to tracking.uri = {recorded_uri}, so the new run goes there (--set tracking.uri=URI to change)", file=sys.stderr)
+        print(
+            f"runjob: the job records to tracking.uri = {recorded_uri}, so the new run goes there (--set tracking.uri=URI to change)",
+            file=sys.stderr,
+        )
     return values
 
 
@@ -368,9 +398,9 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     """``runjob rerun RUN_ID``: train run RUN_ID's recorded job again, as ``runjob run`` would, with
     any ``--set`` changes; the new run is tagged ``runjob.rerun_of = RUN_ID``."""
     from runjob.commands.cli import LAUNCH_FLAGS, _overrides, cmd_run
-    from runjob.record.outputs import choose_output_dir
     from runjob.host.plugin_host import load_plugins
     from runjob.job.validation import load_resolved
+    from runjob.record.outputs import choose_output_dir
 
     uri = resolve_tracking_uri(args.tracking_uri)
     client = open_store(uri)
@@ -381,8 +411,12 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         job = tomllib.loads(downloaded.read_text(encoding="utf-8"))
         _check_secrets_given(job, args.overrides, args.run_id)
         environment = _rerun_environment(args, job)
-        run_args = argparse.Namespace(job=downloaded, overrides=list(args.overrides), resume=None, **{k: getattr(args, k) for k in LAUNCH_FLAGS})
-        resolved = load_resolved(downloaded, _overrides(run_args), load_plugins())  # a bad --set fails before any folder is made
+        run_args = argparse.Namespace(
+            job=downloaded, overrides=list(args.overrides), resume=None, **{k: getattr(args, k) for k in LAUNCH_FLAGS}
+        )
+        resolved = load_resolved(
+            downloaded, _overrides(run_args), load_plugins()
+        )  # a bad --set fails before any folder is made
         # The copy lives in the new run's folder: the run's runjob.job_file tag and its workers point at it.
         output_dir = choose_output_dir(resolved.job.name, args.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)

@@ -21,16 +21,17 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from runjob.errors import JobError, Problem, RunjobError, Terminated, TrackingError, user_message
-from runjob.job.jobfile import RawJob, apply_override
 from runjob.host.plugin_host import PluginHost
+from runjob.job.jobfile import RawJob, apply_override
 from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
-from runjob.record.tracking import RUN_RECORD, RUN_TAGS_ENV
 from runjob.job.validation import ResolvedJob, resolve
+from runjob.record.tracking import RUN_RECORD, RUN_TAGS_ENV
 
 TRIALS_FILE = "trials.json"  # every trial's overrides, status, value and run; in the sweep folder and on the parent run
 USER_MISTAKE_EXIT = 2  # a trial that exits with this stops the sweep: every other trial would repeat it
@@ -54,8 +55,13 @@ class Trial:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "index": self.index, "overrides": self.overrides, "status": self.status, "value": self.value,
-            "run_id": self.run_id, "output_dir": str(self.output_dir.resolve()), "message": self.message,
+            "index": self.index,
+            "overrides": self.overrides,
+            "status": self.status,
+            "value": self.value,
+            "run_id": self.run_id,
+            "output_dir": str(self.output_dir.resolve()),
+            "message": self.message,
         }
 
 
@@ -83,7 +89,9 @@ def override(key: str, value: Any) -> str:
 
 
 def _shown(values: dict[str, Any]) -> str:
-    return " ".join(f"{key}={value:.4g}" if isinstance(value, float) else override(key, value) for key, value in values.items())
+    return " ".join(
+        f"{key}={value:.4g}" if isinstance(value, float) else override(key, value) for key, value in values.items()
+    )
 
 
 # --- checking every value before any trial -------------------------------------------------------
@@ -134,7 +142,14 @@ def _refused_combination(job: ResolvedJob, host: PluginHost) -> list[Problem]:
         if refused is not None:
             where = f"{SWEEP_TABLE}.parameters"
             origin = job.source.origin(where)
-            return [Problem(origin.file, where, f"the combination {_shown(point)} is refused: {refused.key}: {refused.message}", origin.line)]
+            return [
+                Problem(
+                    origin.file,
+                    where,
+                    f"the combination {_shown(point)} is refused: {refused.key}: {refused.message}",
+                    origin.line,
+                )
+            ]
     return []
 
 
@@ -166,7 +181,9 @@ def import_optuna(method: str) -> Any:
     try:
         import optuna
     except ImportError:
-        raise RunjobError(f"{SWEEP_TABLE}.method = \"{method}\" needs Optuna: pip install 'runjob-train[sweep]'") from None
+        raise RunjobError(
+            f"{SWEEP_TABLE}.method = \"{method}\" needs Optuna: pip install 'runjob-train[sweep]'"
+        ) from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # runjob prints its own line per trial
     return optuna
 
@@ -191,7 +208,10 @@ class OptunaPlan:
     def ask(self, index: int) -> dict[str, Any]:
         trial = self.study.ask(self.distributions)
         self._asked[index] = trial
-        return {key: spec[trial.params[key]] if isinstance(spec, list) else trial.params[key] for key, spec in self.parameters.items()}
+        return {
+            key: spec[trial.params[key]] if isinstance(spec, list) else trial.params[key]
+            for key, spec in self.parameters.items()
+        }
 
     def tell(self, index: int, value: float | None) -> None:
         """Report trial ``index``'s result (None: it failed)."""
@@ -314,14 +334,18 @@ class ParentRun:
             client = MlflowClient(tracking_uri=uri)
             run = client.create_run(experiment_id(client, experiment), run_name=f"{job.job.name}-sweep", tags=tags)
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
-            raise TrackingError(f"cannot record the sweep to MLflow at {uri} (tracking.uri): {_error_line(error)}") from None
+            raise TrackingError(
+                f"cannot record the sweep to MLflow at {uri} (tracking.uri): {_error_line(error)}"
+            ) from None
         try:
             params = [Param(k, v) for k, v in sweep_params(job.sweep, total).items()]
             client.log_batch(run.info.run_id, params=params)
             client.log_text(run.info.run_id, _job_file_text(job), job.source.path.name)
         except Exception as error:  # noqa: BLE001
             client.set_terminated(run.info.run_id, status="FAILED")  # a run is never left RUNNING
-            raise TrackingError(f"cannot record the sweep to MLflow at {uri} (tracking.uri): {_error_line(error)}") from None
+            raise TrackingError(
+                f"cannot record the sweep to MLflow at {uri} (tracking.uri): {_error_line(error)}"
+            ) from None
         return cls(client, run.info.run_id)
 
     def log_trial(self, trial: Trial, metric: str) -> None:
@@ -329,10 +353,16 @@ class ParentRun:
         if trial.value is not None:
             self.client.log_metric(self.run_id, f"sweep/{metric}", trial.value, step=trial.index)
 
-    def finish(self, trials: list[Trial], best: Trial | None, metric: str, status: str, error: BaseException | None) -> None:
+    def finish(
+        self, trials: list[Trial], best: Trial | None, metric: str, status: str, error: BaseException | None
+    ) -> None:
         """Record the best trial and every trial, and close the run with ``status``."""
         if best is not None:
-            for key, value in {"best_trial": str(best.index), "best_run_id": best.run_id or "", "best_params": " ".join(best.overrides)}.items():
+            for key, value in {
+                "best_trial": str(best.index),
+                "best_run_id": best.run_id or "",
+                "best_params": " ".join(best.overrides),
+            }.items():
                 self.client.set_tag(self.run_id, f"runjob.sweep.{key}", value)
             self.client.log_metric(self.run_id, f"best/{metric}", best.value, step=best.index)
         if error is not None:
@@ -358,7 +388,12 @@ def _error_line(error: BaseException) -> str:
 
 def sweep_params(sweep: SweepTable, total: int) -> dict[str, str]:
     """The parent run's params: the sweep's settings, each parameter's choices or range as JSON."""
-    params = {"sweep.method": sweep.method, "sweep.metric": sweep.metric, "sweep.direction": sweep.direction, "sweep.trials": str(total)}
+    params = {
+        "sweep.method": sweep.method,
+        "sweep.metric": sweep.metric,
+        "sweep.direction": sweep.direction,
+        "sweep.trials": str(total),
+    }
     if sweep.method != "grid":
         params["sweep.seed"] = str(sweep.seed)
     for key, spec in sweep.parameters.items():
@@ -398,21 +433,27 @@ def _parent_tags(job: ResolvedJob, overrides: list[str], sweep_dir: Path) -> dic
 
 def _prepare(args: argparse.Namespace) -> tuple[ResolvedJob, GridPlan | OptunaPlan, Path]:
     """Everything checked before the parent run exists: the job, every value, Optuna, the folder."""
-    from runjob.record.outputs import choose_output_dir
     from runjob.host.plugin_host import load_plugins
     from runjob.job.validation import load_resolved
+    from runjob.record.outputs import choose_output_dir
 
     host = load_plugins()
     job = load_resolved(args.job, args.overrides, host)
     if job.sweep is None:
-        raise RunjobError(f"{args.job}: has no [sweep] table: add one to say which job keys to try (see the README's [sweep] reference)")
+        raise RunjobError(
+            f"{args.job}: has no [sweep] table: add one to say which job keys to try (see the README's [sweep] reference)"
+        )
     check_values(job, host)
     if job.tracking.offline:
-        raise RunjobError("tracking.offline = true: `runjob sweep` records its trials under a parent MLflow run; sweep with tracking.offline = false")
+        raise RunjobError(
+            "tracking.offline = true: `runjob sweep` records its trials under a parent MLflow run; sweep with tracking.offline = false"
+        )
     plan = make_plan(job.sweep)
     sweep_dir = choose_output_dir(f"{job.job.name}-sweep", args.output_dir)
     if (sweep_dir / TRIALS_FILE).exists():
-        raise RunjobError(f"--output-dir {sweep_dir}: this folder already holds a sweep ({TRIALS_FILE}); choose another so nothing is overwritten")
+        raise RunjobError(
+            f"--output-dir {sweep_dir}: this folder already holds a sweep ({TRIALS_FILE}); choose another so nothing is overwritten"
+        )
     sweep_dir.mkdir(parents=True, exist_ok=True)
     return job, plan, sweep_dir
 
@@ -426,7 +467,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     job, plan, sweep_dir = _prepare(args)
     sweep = job.sweep
     parent = ParentRun.start(job, plan.total, _parent_tags(job, args.overrides, sweep_dir))
-    print(f"runjob: sweep of {plan.total} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}: output in {sweep_dir}, MLflow parent run {parent.run_id}", flush=True)
+    print(
+        f"runjob: sweep of {plan.total} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}: output in {sweep_dir}, MLflow parent run {parent.run_id}",
+        flush=True,
+    )
     trials: list[Trial] = []
     status, error = "FAILED", None
     try:
@@ -456,11 +500,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0 if status == "FINISHED" else 1
 
 
-def _run_one(job: ResolvedJob, args: argparse.Namespace, plan: GridPlan | OptunaPlan, trial: Trial, parent: ParentRun, signals: SignalForwarder) -> None:
+def _run_one(
+    job: ResolvedJob,
+    args: argparse.Namespace,
+    plan: GridPlan | OptunaPlan,
+    trial: Trial,
+    parent: ParentRun,
+    signals: SignalForwarder,
+) -> None:
     """Run ``trial``, read its result, tell the plan and the parent run; exit 2 stops the sweep."""
     label = f"runjob: sweep trial {trial.index + 1}/{plan.total}: {_shown(trial.values)}"
     print(f"{label} (output in {trial.output_dir})", flush=True)
-    tags = {"mlflow.parentRunId": parent.run_id, "runjob.sweep.parent": parent.run_id, "runjob.sweep.trial": str(trial.index)}
+    tags = {
+        "mlflow.parentRunId": parent.run_id,
+        "runjob.sweep.parent": parent.run_id,
+        "runjob.sweep.trial": str(trial.index),
+    }
     code = run_trial(trial, trial_command(job.source.path, args.overrides, trial), tags, signals)
     read_result(trial, job.sweep.metric)
     if signals.signum:
@@ -470,10 +525,14 @@ def _run_one(job: ResolvedJob, args: argparse.Namespace, plan: GridPlan | Optuna
     plan.tell(trial.index, trial.value)
     with _warn_if_mlflow_fails(f"trial {trial.index}'s value"):
         parent.log_trial(trial, job.sweep.metric)
-    outcome = f"{job.sweep.metric} {trial.value:.4f}" if trial.value is not None else f"{trial.status} ({trial.message})"
+    outcome = (
+        f"{job.sweep.metric} {trial.value:.4f}" if trial.value is not None else f"{trial.status} ({trial.message})"
+    )
     print(f"{label} -> {outcome}" + (f" (run {trial.run_id})" if trial.run_id else ""), flush=True)
     if code == USER_MISTAKE_EXIT and not signals.signum:
-        raise RunjobError(f"sweep trial {trial.index} ({' '.join(trial.overrides)}) stopped with a mistake in the job or its setup (above) that every trial would repeat; the sweep stops")
+        raise RunjobError(
+            f"sweep trial {trial.index} ({' '.join(trial.overrides)}) stopped with a mistake in the job or its setup (above) that every trial would repeat; the sweep stops"
+        )
 
 
 @contextlib.contextmanager
@@ -493,7 +552,15 @@ def print_summary(trials: list[Trial], best: Trial | None, total: int, metric: s
     rows = [["  trial", "status", metric, *keys, "run"]]
     for t in trials:
         shown = [f"{v:.4g}" if isinstance(v, float) else toml_value(v) for v in t.values.values()]
-        rows.append([("* " if t is best else "  ") + str(t.index), t.status, "" if t.value is None else f"{t.value:.4f}", *shown, t.run_id or ""])
+        rows.append(
+            [
+                ("* " if t is best else "  ") + str(t.index),
+                t.status,
+                "" if t.value is None else f"{t.value:.4f}",
+                *shown,
+                t.run_id or "",
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     print(f"runjob: sweep: {sum(t.status == 'finished' for t in trials)} of {total} trial(s) finished")
     for row in rows:

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, Sequence
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 KINDS = ("model", "dataset", "optimizer", "scheduler", "strategy")
-PLURALS = {"model": "models", "dataset": "datasets", "optimizer": "optimizers", "scheduler": "schedulers", "strategy": "strategies"}
+PLURALS = {
+    "model": "models",
+    "dataset": "datasets",
+    "optimizer": "optimizers",
+    "scheduler": "schedulers",
+    "strategy": "strategies",
+}
 
 
 class Options(BaseModel):
@@ -130,7 +137,9 @@ class ImageTensors:
         if self.images.ndim != 4:
             raise ValueError(f"ImageTensors.images must be (N, C, H, W), got shape {tuple(self.images.shape)}")
         if self.labels.shape != (self.images.shape[0],):
-            raise ValueError(f"ImageTensors.labels must be ({self.images.shape[0]},), got shape {tuple(self.labels.shape)}")
+            raise ValueError(
+                f"ImageTensors.labels must be ({self.images.shape[0]},), got shape {tuple(self.labels.shape)}"
+            )
         channels = self.images.shape[1]
         if len(self.mean) != channels or len(self.std) != channels:
             raise ValueError(f"ImageTensors.mean and std need {channels} values (one per channel)")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pluggy
 
@@ -83,7 +84,9 @@ class PluginHost:
         self.plugins.append(info)
 
     def _fail(self, info: PluginInfo, error: str) -> None:
-        self.failures.append(PluginFailure(info.name, info.distribution, info.version, error.splitlines()[0] if error else ""))
+        self.failures.append(
+            PluginFailure(info.name, info.distribution, info.version, error.splitlines()[0] if error else "")
+        )
 
     def _hook_names(self, plugin_name: str) -> list[str]:
         plugin = self.manager.get_plugin(plugin_name)
@@ -137,7 +140,9 @@ class PluginHost:
 
 
 def _register_into(found: list[Component], kind: str, plugin_name: str) -> Callable[..., None]:
-    def register(name: str, factory: Callable[..., Any], *, options: type[Options] | None = None, description: str = "") -> None:
+    def register(
+        name: str, factory: Callable[..., Any], *, options: type[Options] | None = None, description: str = ""
+    ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"a {kind} name must be a non-empty string, got {name!r}")
         if not callable(factory):

@@ -135,7 +135,9 @@ def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any
         return data, origins
     where = origins.pop("extends")
     if not isinstance(base_name, str) or not base_name:
-        raise JobError([Problem(where.file, "extends", f"must be a path to a base job file, got {base_name!r}", where.line)])
+        raise JobError(
+            [Problem(where.file, "extends", f"must be a path to a base job file, got {base_name!r}", where.line)]
+        )
     base_path = (path.parent / base_name).resolve()
     if base_path in chain or base_path == path.resolve():
         cycle = " -> ".join(str(p) for p in (*chain, path.resolve(), base_path))
@@ -163,7 +165,9 @@ def apply_override(job: RawJob, override: str) -> Problem | None:
     key, sep, value_text = override.partition("=")
     key = key.strip()
     if not sep or not key or not re.fullmatch(_DOTTED, key):
-        return Problem(OVERRIDE_SOURCE, override, "an override must look like table.key=value, e.g. --set optimizer.lr=0.05")
+        return Problem(
+            OVERRIDE_SOURCE, override, "an override must look like table.key=value, e.g. --set optimizer.lr=0.05"
+        )
     parts = split_dotted(key)
     table = job.data
     for depth, part in enumerate(parts[:-1]):

@@ -41,9 +41,13 @@ def plan_warnings(job: Any, has_gpu: bool) -> list[str]:
     warnings = []
     on_cpu = job.train.cpu or not has_gpu
     if job.train.mixed_precision == "fp16" and on_cpu:
-        warnings.append("mixed_precision = 'fp16' needs a CUDA GPU and none is used here: this run would stop (use 'bf16' on a CPU)")
+        warnings.append(
+            "mixed_precision = 'fp16' needs a CUDA GPU and none is used here: this run would stop (use 'bf16' on a CPU)"
+        )
     if job.strategy.name in NEEDS_GPU and on_cpu:
-        warnings.append(f"strategy '{job.strategy.name}' needs CUDA GPUs and none is used here: this run would stop (it runs on a GPU machine)")
+        warnings.append(
+            f"strategy '{job.strategy.name}' needs CUDA GPUs and none is used here: this run would stop (it runs on a GPU machine)"
+        )
     if job.strategy.name == "single" and job.launch.num_processes > 1:
         warnings.append("strategy 'single' runs one process, but launch.num_processes > 1")
     return warnings

@@ -7,7 +7,9 @@ from typing import Any
 
 HIDDEN = "***"
 _SECRET_KEY = re.compile(r"(token|password|passwd|secret|api[_-]?key|access[_-]?key|credential|auth)", re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@/\s]+)@", re.IGNORECASE)
+_URL_PASSWORD = re.compile(
+    r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@/\s]+)@", re.IGNORECASE
+)
 
 
 def redact_text(text: str) -> str:

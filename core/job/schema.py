@@ -90,7 +90,9 @@ class LaunchTable(Options):
     @model_validator(mode="after")
     def _consistent(self) -> LaunchTable:
         if self.num_processes % self.num_machines:
-            raise ValueError(f"num_processes ({self.num_processes}) must be a multiple of num_machines ({self.num_machines})")
+            raise ValueError(
+                f"num_processes ({self.num_processes}) must be a multiple of num_machines ({self.num_machines})"
+            )
         if self.machine_rank >= self.num_machines:
             raise ValueError(f"machine_rank ({self.machine_rank}) must be below num_machines ({self.num_machines})")
         if self.num_machines > 1 and (self.main_process_ip is None or self.main_process_port is None):
@@ -180,7 +182,11 @@ class SweepTable(Options):
     @model_validator(mode="before")
     @classmethod
     def _maximize_accuracy(cls, data: object) -> object:
-        if isinstance(data, dict) and data.get("direction") is None and data.get("metric", "val/accuracy") == "val/accuracy":
+        if (
+            isinstance(data, dict)
+            and data.get("direction") is None
+            and data.get("metric", "val/accuracy") == "val/accuracy"
+        ):
             return {**data, "direction": "maximize"}
         return data
 

@@ -14,10 +14,10 @@ from typing import Any
 import tomli_w
 from pydantic import BaseModel, ValidationError
 
-from runjob.host.components import Component, Options
 from runjob.errors import JobError, Problem
-from runjob.job.jobfile import RawJob, load_job
+from runjob.host.components import Component, Options
 from runjob.host.plugin_host import ComponentLookupError, PluginHost
+from runjob.job.jobfile import RawJob, load_job
 from runjob.job.schema import (
     COMPONENT_TABLES,
     DEFAULT_COMPONENTS,
@@ -33,7 +33,12 @@ from runjob.job.schema import (
     TrainTable,
 )
 
-_HOST_MODELS: dict[str, type[Options]] = {"job": JobTable, "train": TrainTable, "launch": LaunchTable, "tracking": TrackingTable}
+_HOST_MODELS: dict[str, type[Options]] = {
+    "job": JobTable,
+    "train": TrainTable,
+    "launch": LaunchTable,
+    "tracking": TrackingTable,
+}
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,9 @@ def _describe(item: dict[str, Any], accepted: list[str]) -> str:
     return f"{message} (got {item['input']!r})"
 
 
-def _check(model: type[Options], values: dict[str, Any], table: str, raw: RawJob, problems: list[Problem]) -> Options | None:
+def _check(
+    model: type[Options], values: dict[str, Any], table: str, raw: RawJob, problems: list[Problem]
+) -> Options | None:
     try:
         return model.model_validate(values)
     except ValidationError as error:
@@ -143,7 +150,9 @@ def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem]) 
     if name is None:
         origin = raw.origin(table)
         known = ", ".join(sorted(host.components[table]))
-        problems.append(Problem(origin.file, f"{table}.name", f"required: which {table} to use, one of: {known}", origin.line))
+        problems.append(
+            Problem(origin.file, f"{table}.name", f"required: which {table} to use, one of: {known}", origin.line)
+        )
         return None
     if not isinstance(name, str):
         origin = raw.origin(f"{table}.name")
@@ -174,7 +183,14 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
             close = difflib.get_close_matches(table, known_tables, n=1)
             hint = f"did you mean [{close[0]}]? " if close else ""
             what = "table" if isinstance(value, dict) else "top-level key"
-            problems.append(Problem(origin.file, table, f"unknown {what}; {hint}Job files have the tables {', '.join(known_tables)}", origin.line))
+            problems.append(
+                Problem(
+                    origin.file,
+                    table,
+                    f"unknown {what}; {hint}Job files have the tables {', '.join(known_tables)}",
+                    origin.line,
+                )
+            )
 
     host_tables: dict[str, Options | None] = {}
     for table in HOST_TABLES:
@@ -212,13 +228,22 @@ def _check_sweep(raw: RawJob, problems: list[Problem]) -> SweepTable | None:
     return table if len(problems) == found else None
 
 
-def _sweep_parameters(raw: RawJob, value: Any, method: Any, problems: list[Problem]) -> dict[str, list[Any] | SweepRange]:
+def _sweep_parameters(
+    raw: RawJob, value: Any, method: Any, problems: list[Problem]
+) -> dict[str, list[Any] | SweepRange]:
     """``[sweep.parameters]`` as dotted job key -> list of values or range; problems appended."""
     where = f"{SWEEP_TABLE}.parameters"
     origin = raw.origin(where)
     if not isinstance(value, dict) or not value:
         what = "required" if value is None else f"must be a non-empty table (got {value!r})"
-        problems.append(Problem(origin.file, where, f'{what}: the job keys to sweep and what to try, e.g. "optimizer.lr" = [0.1, 0.01]', origin.line))
+        problems.append(
+            Problem(
+                origin.file,
+                where,
+                f'{what}: the job keys to sweep and what to try, e.g. "optimizer.lr" = [0.1, 0.01]',
+                origin.line,
+            )
+        )
         return {}
     parameters: dict[str, list[Any] | SweepRange] = {}
     for key, spec in _flatten_parameters(value).items():

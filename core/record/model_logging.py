@@ -16,23 +16,24 @@ from runjob.errors import TrainingError
 MODEL_FOLDER = "mlflow_model"
 
 
-def save_mlflow_model(job: Any, output_dir: Path, splits: Any) -> Path:
-    """Write the MLflow model of the run's final weights to ``OUTPUT_DIR/mlflow_model``."""
+def save_mlflow_model(job: Any, output_dir: Path, first_input: Any) -> Path:
+    """Write the MLflow model of the run's final weights to ``OUTPUT_DIR/mlflow_model``;
+    ``first_input`` is one input as the model sees it (a CPU tensor), for the input example."""
     import mlflow.pytorch
     import torch
     import torchvision
     from accelerate.utils import load_checkpoint_in_model
-
-    from runjob.train.data_loading import example_input
 
     model = job.model.component.factory(job.model.options)
     load_checkpoint_in_model(model, str(output_dir))
     model.eval()
     folder = output_dir / MODEL_FOLDER
     shutil.rmtree(folder, ignore_errors=True)
-    requirements = [f"torch=={torch.__version__.split('+')[0]}", f"torchvision=={torchvision.__version__.split('+')[0]}"]
-    first = example_input(splits.val)
-    example = torch.stack([first, first])  # a batch of 2: torch.export fixes a batch of 1 as a constant
+    requirements = [
+        f"torch=={torch.__version__.split('+')[0]}",
+        f"torchvision=={torchvision.__version__.split('+')[0]}",
+    ]
+    example = torch.stack([first_input, first_input])  # a batch of 2: torch.export fixes a batch of 1 as a constant
     if job.tracking.log_model == "pickle":
         # MLflow warns on every pickle save; runjob's docs say what pickle means (README, tracking.log_model)
         logger = logging.getLogger("mlflow.pytorch")

@@ -21,7 +21,9 @@ def choose_output_dir(job_name: str, requested: Path | None) -> Path:
             suffix += 1
         return candidate
     if (requested / "job.toml").exists():
-        raise RunjobError(f"--output-dir {requested}: this folder already holds a run (job.toml); choose another so nothing is overwritten")
+        raise RunjobError(
+            f"--output-dir {requested}: this folder already holds a run (job.toml); choose another so nothing is overwritten"
+        )
     if requested.exists() and not requested.is_dir():
         raise RunjobError(f"--output-dir {requested}: exists and is not a folder")
     return requested

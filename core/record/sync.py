@@ -55,11 +55,15 @@ def cmd_sync(args: argparse.Namespace) -> int:
     uri = resolve_tracking_uri(args.tracking_uri or record.get("tracking_uri"))
     check_reachable(uri, "--tracking-uri" if args.tracking_uri else f"recorded in {output_dir / RUN_RECORD}")
     summary = sync_record(output_dir, record, uri)
-    print(f"runjob: synced {output_dir} to MLflow run {summary['run_id']} at {uri}: {summary['params']} params, "
-          f"{summary['tags']} tags, {summary['metrics']} metric points, {summary['artifacts']} artifacts, status {summary['status']}")
+    print(
+        f"runjob: synced {output_dir} to MLflow run {summary['run_id']} at {uri}: {summary['params']} params, "
+        f"{summary['tags']} tags, {summary['metrics']} metric points, {summary['artifacts']} artifacts, status {summary['status']}"
+    )
     if summary["status"] == "RUNNING":
-        print("runjob: the record says RUNNING: the run is still going, or it was killed before it could record its end "
-              "(`runjob run JOB --output-dir DIR --resume` continues it)")
+        print(
+            "runjob: the record says RUNNING: the run is still going, or it was killed before it could record its end "
+            "(`runjob run JOB --output-dir DIR --resume` continues it)"
+        )
     return 0
 
 
@@ -79,7 +83,10 @@ def sync_record(output_dir: Path, record: dict[str, Any], uri: str) -> dict[str,
             client.log_batch(run_id, tags=tags[first : first + PARAMS_PER_CALL])
         if record.get("inputs"):
             log_inputs(client, run_id, record["inputs"])
-        points = [Metric(p["key"], float(p["value"]), int(p["timestamp"]), int(p["step"])) for p in read_metric_points(output_dir)]
+        points = [
+            Metric(p["key"], float(p["value"]), int(p["timestamp"]), int(p["step"]))
+            for p in read_metric_points(output_dir)
+        ]
         for first in range(0, len(points), METRICS_PER_CALL):
             client.log_batch(run_id, metrics=points[first : first + METRICS_PER_CALL])
         artifacts = [a for a in record.get("artifacts", []) if (output_dir / a["path"]).exists()]
@@ -96,7 +103,14 @@ def sync_record(output_dir: Path, record: dict[str, Any], uri: str) -> dict[str,
     record.pop("unsynced", None)
     record["synced_at"] = int(time.time() * 1000)
     write_record(output_dir, record)
-    return {"run_id": run_id, "params": len(params), "tags": len(tags), "metrics": len(points), "artifacts": len(artifacts), "status": status}
+    return {
+        "run_id": run_id,
+        "params": len(params),
+        "tags": len(tags),
+        "metrics": len(points),
+        "artifacts": len(artifacts),
+        "status": status,
+    }
 
 
 def _run_on_server(client: Any, record: dict[str, Any], uri: str, output_dir: Path) -> str:
@@ -115,7 +129,10 @@ def _run_on_server(client: Any, record: dict[str, Any], uri: str, output_dir: Pa
         except MlflowException:
             pass  # not on this server (a fresh store): make it anew
     run = client.create_run(
-        experiment_id(client, record["experiment"]), start_time=record.get("start_time"), tags=record.get("tags", {}), run_name=record.get("run_name"),
+        experiment_id(client, record["experiment"]),
+        start_time=record.get("start_time"),
+        tags=record.get("tags", {}),
+        run_name=record.get("run_name"),
     )
     if uri == record.get("tracking_uri"):
         record["run_id"] = run.info.run_id

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class SystemMetricsSampler:
@@ -18,7 +19,9 @@ class SystemMetricsSampler:
     ``record(metrics, step)`` where the step is the number of seconds since the run began (so a
     resumed run continues the same axis)."""
 
-    def __init__(self, record: Callable[[dict[str, float], int], None], interval: float, machine_rank: int, run_start_ms: int) -> None:
+    def __init__(
+        self, record: Callable[[dict[str, float], int], None], interval: float, machine_rank: int, run_start_ms: int
+    ) -> None:
         self.record = record
         self.interval = interval
         self.prefix = f"system/node{machine_rank}/"

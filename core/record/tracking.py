@@ -18,8 +18,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from runjob.errors import TrackingError, user_message
 
@@ -30,7 +31,11 @@ TRUNCATED = "...(truncated; full value in job.toml)"
 REACH_TIMEOUT_S = 5.0  # an unreachable tracking server is reported within this (twice at most)
 FINAL_UPLOAD_TIMEOUT_S = 300.0  # the longest the end of a run waits for MLflow
 # MLflow's HTTP retries default to minutes of back-off; a lost server should cost seconds.
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30"}
+HTTP_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
 
 
 def flatten(tables: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -83,7 +88,9 @@ def check_reachable(uri: str, setting: str = "tracking.uri") -> None:
             answer.read(100)
     except urllib.error.HTTPError as error:
         if error.code >= 500:
-            raise TrackingError(f"the MLflow tracking server at {uri} ({setting}) answers {url} with HTTP {error.code}") from None
+            raise TrackingError(
+                f"the MLflow tracking server at {uri} ({setting}) answers {url} with HTTP {error.code}"
+            ) from None
     except (OSError, ValueError) as error:
         reason = getattr(error, "reason", error)
         advice = (
@@ -92,7 +99,9 @@ def check_reachable(uri: str, setting: str = "tracking.uri") -> None:
             if setting == "tracking.uri"
             else "Start it, or give another with --tracking-uri"
         )
-        raise TrackingError(f"cannot reach the MLflow tracking server at {uri} ({setting}): {reason}. {advice}") from None
+        raise TrackingError(
+            f"cannot reach the MLflow tracking server at {uri} ({setting}): {reason}. {advice}"
+        ) from None
 
 
 def experiment_id(client: Any, name: str) -> str:
@@ -100,7 +109,9 @@ def experiment_id(client: Any, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
-            raise TrackingError(f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or choose another tracking.experiment")
+            raise TrackingError(
+                f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or choose another tracking.experiment"
+            )
         return experiment.experiment_id
     try:
         return client.create_experiment(name)
@@ -169,7 +180,9 @@ class Uploader:
                 return items
 
     def _closing(self, pending: list[tuple[str, Any, str]]) -> bool:
-        return any(kind == "close" for kind, _, _ in pending) or any(item[0] == "close" for item in list(self._calls.queue))
+        return any(kind == "close" for kind, _, _ in pending) or any(
+            item[0] == "close" for item in list(self._calls.queue)
+        )
 
     def _attempt(self, call: Callable[[], Any], what: str) -> None:
         if self.failure is not None:
@@ -213,7 +226,14 @@ class Recorder:
         return self._uploader is not None
 
     def start(
-        self, *, tracking: Any, experiment: str, run_name: str, params: dict[str, str], tags: dict[str, str], resuming: bool = False,
+        self,
+        *,
+        tracking: Any,
+        experiment: str,
+        run_name: str,
+        params: dict[str, str],
+        tags: dict[str, str],
+        resuming: bool = False,
     ) -> str | None:
         """Write the local record and create the MLflow run with its params and tags; a resumed run
         reopens its MLflow run (adding the tags). Returns the run id (``None`` when offline)."""
@@ -225,8 +245,15 @@ class Recorder:
         self.tracking_uri = resolve_tracking_uri(tracking.uri)
         previous = read_record(self.output_dir) if resuming else {}
         self.record = previous or {
-            "run_id": None, "tracking_uri": self.tracking_uri, "experiment": experiment, "run_name": run_name,
-            "start_time": _now_ms(), "params": params, "tags": {}, "inputs": [], "artifacts": [],
+            "run_id": None,
+            "tracking_uri": self.tracking_uri,
+            "experiment": experiment,
+            "run_name": run_name,
+            "start_time": _now_ms(),
+            "params": params,
+            "tags": {},
+            "inputs": [],
+            "artifacts": [],
         }
         self.record.update(status="RUNNING", end_time=None, offline=bool(tracking.offline))
         self.record["tags"].update(tags)
@@ -240,7 +267,12 @@ class Recorder:
         created = self.run_id is None
         try:
             if created:
-                run = client.create_run(experiment_id(client, experiment), start_time=self.record["start_time"], tags=tags, run_name=run_name)
+                run = client.create_run(
+                    experiment_id(client, experiment),
+                    start_time=self.record["start_time"],
+                    tags=tags,
+                    run_name=run_name,
+                )
                 self.run_id = self.record["run_id"] = run.info.run_id
                 self.record["tracking_uri"] = self.tracking_uri
             else:
@@ -256,10 +288,15 @@ class Recorder:
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
             if self.run_id:
                 self._terminate_quietly("FAILED")
-            raise TrackingError(f"cannot record the run to MLflow at {self.tracking_uri} (tracking.uri): {type(error).__name__}: {_first_line(error)}") from None
+            raise TrackingError(
+                f"cannot record the run to MLflow at {self.tracking_uri} (tracking.uri): {type(error).__name__}: {_first_line(error)}"
+            ) from None
         self._uploader = self._new_uploader()
         if created and previous:
-            print(f"runjob: the run began offline; `runjob sync {self.output_dir}` uploads what it recorded before this resume", flush=True)
+            print(
+                f"runjob: the run began offline; `runjob sync {self.output_dir}` uploads what it recorded before this resume",
+                flush=True,
+            )
         return self.run_id
 
     def join(self, run_id: str | None, tracking_uri: str | None, offline: bool) -> None:
@@ -289,12 +326,16 @@ class Recorder:
         timestamp = _now_ms()
         with self._lock:
             for key, value in metrics.items():
-                self._metrics_file.write(json.dumps({"key": key, "value": value, "step": step, "timestamp": timestamp}) + "\n")
+                self._metrics_file.write(
+                    json.dumps({"key": key, "value": value, "step": step, "timestamp": timestamp}) + "\n"
+                )
             self._metrics_file.flush()
         if self.online:
             from mlflow.entities import Metric
 
-            self._uploader.submit_metrics([Metric(key, float(value), timestamp, step) for key, value in metrics.items()], step)
+            self._uploader.submit_metrics(
+                [Metric(key, float(value), timestamp, step) for key, value in metrics.items()], step
+            )
 
     def log_training_metrics(self, metrics: dict[str, float], step: int) -> None:
         """The loop's metrics: the same on every process, so recorded by the main one only."""
@@ -321,7 +362,9 @@ class Recorder:
             self.record["artifacts"].append(entry)
             self._save()
         if self.online:
-            self._uploader.submit(lambda: upload_artifact(self._client, self.run_id, path, artifact_path), f"artifact {entry['path']}")
+            self._uploader.submit(
+                lambda: upload_artifact(self._client, self.run_id, path, artifact_path), f"artifact {entry['path']}"
+            )
 
     def log_input(self, dataset: dict[str, str], context: str) -> None:
         """Record dataset lineage (name, digest, source) as an MLflow input of the run."""
@@ -347,7 +390,9 @@ class Recorder:
             self._save()
             if self.online:
                 end_time = self.record["end_time"]
-                self._uploader.submit(lambda: self._client.set_terminated(self.run_id, status, end_time), "the run's end")
+                self._uploader.submit(
+                    lambda: self._client.set_terminated(self.run_id, status, end_time), "the run's end"
+                )
         if not self.online:
             return
         sent = self._uploader.close(FINAL_UPLOAD_TIMEOUT_S)
@@ -387,7 +432,13 @@ def log_inputs(client: Any, run_id: str, entries: list[dict[str, str]]) -> None:
 
     inputs = [
         DatasetInput(
-            Dataset(name=e["name"], digest=e["digest"], source_type=e["source_type"], source=e["source"], profile=e.get("profile")),
+            Dataset(
+                name=e["name"],
+                digest=e["digest"],
+                source_type=e["source_type"],
+                source=e["source"],
+                profile=e.get("profile"),
+            ),
             tags=[InputTag("mlflow.data.context", e["context"])],
         )
         for e in entries

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from runjob.errors import TrainingError
 from runjob.host.components import StrategyPlan
 from runjob.train.data_loading import pins_memory
-from runjob.errors import TrainingError
 from runjob.train.launcher import launched_processes
 
 
@@ -27,14 +27,22 @@ def build_accelerator(job: Any, plan: StrategyPlan) -> Any:
     torch.backends.cudnn.benchmark = job.train.cudnn_benchmark
     # compiled in accelerator.prepare, after DDP/FSDP wrapping, as Accelerate recommends; the job
     # file decides, not an ACCELERATE_DYNAMO_* variable left over from `accelerate config`
-    dynamo = TorchDynamoPlugin(backend="inductor", mode=job.train.compile_mode) if job.train.compile else TorchDynamoPlugin(backend="no")
+    dynamo = (
+        TorchDynamoPlugin(backend="inductor", mode=job.train.compile_mode)
+        if job.train.compile
+        else TorchDynamoPlugin(backend="no")
+    )
     try:
         return Accelerator(
             cpu=cpu,
             mixed_precision=job.train.mixed_precision,
             gradient_accumulation_steps=job.train.gradient_accumulation_steps,
             # copies to the GPU overlap with compute when the batch is in pinned memory (dataset.pin_memory, on by default on CUDA)
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=job.job.seed, non_blocking=pins_memory(job, not cpu and torch.cuda.is_available())),
+            dataloader_config=DataLoaderConfiguration(
+                use_seedable_sampler=True,
+                data_seed=job.job.seed,
+                non_blocking=pins_memory(job, not cpu and torch.cuda.is_available()),
+            ),
             step_scheduler_with_optimizer=False,
             dynamo_plugin=dynamo,
             **plan.accelerator_kwargs,
@@ -57,10 +65,14 @@ def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
         problems.append(f"train.mixed_precision = {asked!r}, but Accelerate set up {accelerator.mixed_precision!r}")
     processes = accelerator.num_processes
     if processes != launched_processes():
-        problems.append(f"{launched_processes()} processes were launched (WORLD_SIZE), but Accelerate set up {processes}")
+        problems.append(
+            f"{launched_processes()} processes were launched (WORLD_SIZE), but Accelerate set up {processes}"
+        )
     strategy = job.strategy.name
     if plan.max_processes is not None and processes > plan.max_processes:
-        problems.append(f"strategy.name = {strategy!r} runs at most {plan.max_processes} process(es), but {processes} were started")
+        problems.append(
+            f"strategy.name = {strategy!r} runs at most {plan.max_processes} process(es), but {processes} were started"
+        )
     actual = accelerator.distributed_type.name
     if plan.expected_distributed_types and actual not in plan.expected_distributed_types:
         needs = f" ({plan.requirement})" if plan.requirement else ""

@@ -121,8 +121,17 @@ def load_checkpoint(run: Any, checkpoint: Path) -> Position:
 
 # What a resumed job may not change: it would no longer be the same training.
 # train.compile: a compiled model's checkpoint names its weights "_orig_mod.*", which a plain one can't load.
-MUST_MATCH = ("job.seed", "model", "dataset", "optimizer.name", "scheduler.name", "train.batch_size",
-              "train.gradient_accumulation_steps", "launch.num_processes", "train.compile")
+MUST_MATCH = (
+    "job.seed",
+    "model",
+    "dataset",
+    "optimizer.name",
+    "scheduler.name",
+    "train.batch_size",
+    "train.gradient_accumulation_steps",
+    "launch.num_processes",
+    "train.compile",
+)
 LOADER_KEYS = ("dataset.num_workers", "dataset.pin_memory", "dataset.persistent_workers", "dataset.prefetch_factor")
 
 
@@ -186,4 +195,8 @@ class BestWeights:
     def tags(self) -> dict[str, str]:
         if self.value is None:
             return {}
-        return {"runjob.best.metric": self.metric, "runjob.best.value": f"{self.value:.6g}", "runjob.best.step": str(self.step)}
+        return {
+            "runjob.best.metric": self.metric,
+            "runjob.best.value": f"{self.value:.6g}",
+            "runjob.best.step": str(self.step),
+        }

@@ -12,8 +12,8 @@ import zlib
 from array import array
 from typing import Any
 
-from runjob.host.components import DatasetSplits, ImageTensors
 from runjob.errors import DataError
+from runjob.host.components import DatasetSplits, ImageTensors
 
 
 def collate(batch: list[Any]) -> Any:
@@ -122,7 +122,11 @@ def _check_in_memory_loader(job: Any) -> None:
     loader = job.loader
     set_keys = [
         f"dataset.{key} = {str(value).lower()}"
-        for key, value in (("num_workers", loader.num_workers), ("pin_memory", loader.pin_memory), ("persistent_workers", loader.persistent_workers))
+        for key, value in (
+            ("num_workers", loader.num_workers),
+            ("pin_memory", loader.pin_memory),
+            ("persistent_workers", loader.persistent_workers),
+        )
         if value
     ] + ([f"dataset.prefetch_factor = {loader.prefetch_factor}"] if loader.prefetch_factor is not None else [])
     if set_keys:
@@ -176,7 +180,9 @@ def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any
         **(on_device if in_memory[0] else common),
     )
     val = DataLoader(
-        dataset(splits.val, augment=False), batch_size=job.train.eval_batch_size or job.train.batch_size, shuffle=False,
+        dataset(splits.val, augment=False),
+        batch_size=job.train.eval_batch_size or job.train.batch_size,
+        shuffle=False,
         **(on_device if in_memory[1] else common),
     )
     return train, val

@@ -19,7 +19,6 @@ from runjob.errors import RunjobError
 from runjob.record.tracking import RUN_RECORD
 
 
-
 def launched_processes() -> int:
     """How many processes a launcher (torchrun, accelerate launch, srun) started: ``WORLD_SIZE``."""
     try:
@@ -43,7 +42,9 @@ def adopt_slurm_environment() -> None:
         return
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if missing:
-        raise RunjobError(f"started by srun as {os.environ['SLURM_NTASKS']} tasks, but {' and '.join(missing)} not set: export them in the sbatch script")
+        raise RunjobError(
+            f"started by srun as {os.environ['SLURM_NTASKS']} tasks, but {' and '.join(missing)} not set: export them in the sbatch script"
+        )
     os.environ["RANK"] = os.environ["SLURM_PROCID"]
     os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
     os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
@@ -55,19 +56,33 @@ def check_launched_as_asked(launch: Any) -> None:
     """A job that says how many processes it wants must get that many from an outside launcher."""
     started = launched_processes()
     if launch.num_processes != 1 and started != launch.num_processes:
-        raise RunjobError(f"launch.num_processes = {launch.num_processes}, but the launcher started {started} processes (WORLD_SIZE)")
+        raise RunjobError(
+            f"launch.num_processes = {launch.num_processes}, but the launcher started {started} processes (WORLD_SIZE)"
+        )
 
 
-def torchrun_arguments(launch: Any, job_path: Path, overrides: list[str], output_dir: Path | None, resume: Path | bool | None = None) -> list[str]:
+def torchrun_arguments(
+    launch: Any, job_path: Path, overrides: list[str], output_dir: Path | None, resume: Path | bool | None = None
+) -> list[str]:
     """The ``torch.distributed.run`` command line that starts this machine's workers."""
-    arguments = ["--nnodes", str(launch.num_machines), "--nproc-per-node", str(launch.processes_per_machine), "--max-restarts", "0"]
+    arguments = [
+        "--nnodes",
+        str(launch.num_machines),
+        "--nproc-per-node",
+        str(launch.processes_per_machine),
+        "--max-restarts",
+        "0",
+    ]
     if launch.num_machines == 1 and launch.main_process_port is None:
         arguments.append("--standalone")  # a free port on this machine
     else:
         arguments += [
-            "--node-rank", str(launch.machine_rank),
-            "--master-addr", launch.main_process_ip or "127.0.0.1",
-            "--master-port", str(launch.main_process_port or 29500),
+            "--node-rank",
+            str(launch.machine_rank),
+            "--master-addr",
+            launch.main_process_ip or "127.0.0.1",
+            "--master-port",
+            str(launch.main_process_port or 29500),
         ]
     worker = ["-m", "runjob", "run", str(job_path)]
     if output_dir is not None:
@@ -79,7 +94,9 @@ def torchrun_arguments(launch: Any, job_path: Path, overrides: list[str], output
     return arguments + worker
 
 
-def launch_workers(launch: Any, job_path: Path, overrides: list[str], output_dir: Path | None, resume: Path | bool | None = None) -> int:
+def launch_workers(
+    launch: Any, job_path: Path, overrides: list[str], output_dir: Path | None, resume: Path | bool | None = None
+) -> int:
     """Start the workers and wait; returns 0, or the exit code of the first worker that failed.
 
     A stop signal sent to this process (SIGTERM from a scheduler) reaches the workers through
@@ -90,11 +107,16 @@ def launch_workers(launch: Any, job_path: Path, overrides: list[str], output_dir
     from torch.distributed.run import parse_args, run
 
     arguments = torchrun_arguments(launch, job_path, overrides, output_dir, resume)
-    print(f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of {launch.num_machines} (torch.distributed.run)", file=sys.stderr)
+    print(
+        f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of {launch.num_machines} (torch.distributed.run)",
+        file=sys.stderr,
+    )
     try:
         run(parse_args(arguments))
     except SignalException as stopped:
-        print(f"runjob: stopped by {stopped.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr)
+        print(
+            f"runjob: stopped by {stopped.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr
+        )
         return 128 + int(stopped.sigval)
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()

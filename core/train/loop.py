@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runjob.train.checkpoints import Position
 from runjob.errors import Terminated, TrainingError
 from runjob.host.run_context import RunContext
+from runjob.train.checkpoints import Position
 
 
 @dataclass
@@ -122,7 +122,11 @@ class NonFiniteGuard:
     def stop_if_seen(self, accelerator: Any, run: Any) -> None:
         if self.mode != "stop":
             return
-        step = int(accelerator.reduce(self.first_bad.clone(), reduction="max").item()) if accelerator.num_processes > 1 else int(self.first_bad.item())
+        step = (
+            int(accelerator.reduce(self.first_bad.clone(), reduction="max").item())
+            if accelerator.num_processes > 1
+            else int(self.first_bad.item())
+        )
         if step >= 0:
             lr = run.optimizer.param_groups[0]["lr"]
             raise TrainingError(
@@ -157,9 +161,18 @@ class TrainingLoop:
     ``peak_flops`` (per process) MFU."""
 
     def __init__(
-        self, run: RunContext, hooks: Any, record: Any, schedule: Schedule, num_classes: int,
-        start: Position | None = None, checkpoint: Any = None, stop: StopRequest | None = None,
-        on_evaluation: Any = None, count_flops: Any = None, peak_flops: float | None = None,
+        self,
+        run: RunContext,
+        hooks: Any,
+        record: Any,
+        schedule: Schedule,
+        num_classes: int,
+        start: Position | None = None,
+        checkpoint: Any = None,
+        stop: StopRequest | None = None,
+        on_evaluation: Any = None,
+        count_flops: Any = None,
+        peak_flops: float | None = None,
     ) -> None:
         self.run = run
         self.hooks = hooks
@@ -240,8 +253,13 @@ class TrainingLoop:
         batches = self._batches(epoch, skip)
         model.train()
         progress = tqdm(
-            total=len(run.train_loader), initial=skip, desc=f"epoch {epoch + 1}/{self.schedule.epochs}", unit="batch",
-            disable=not accelerator.is_main_process, leave=False, dynamic_ncols=True,
+            total=len(run.train_loader),
+            initial=skip,
+            desc=f"epoch {epoch + 1}/{self.schedule.epochs}",
+            unit="batch",
+            disable=not accelerator.is_main_process,
+            leave=False,
+            dynamic_ncols=True,
             mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
         )
         loss_sum = torch.zeros((), device=accelerator.device)
@@ -269,7 +287,9 @@ class TrainingLoop:
                         if train.max_grad_norm is not None:
                             norm = accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
                         elif train.on_nonfinite == "skip":
-                            norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+                            norm = torch.nn.utils.get_total_norm(
+                                [p.grad for p in model.parameters() if p.grad is not None]
+                            )
                         stepped = self.nonfinite.allows_step(self.step + 1, loss, norm)
                     if stepped:
                         optimizer.step()
@@ -295,7 +315,11 @@ class TrainingLoop:
                     window_start = time.perf_counter()
                 if logged or accelerator.num_processes == 1:  # agreeing costs a sync: only where one happens anyway
                     self._stop_if_asked(here)
-                if train.checkpoint_every and self.step % train.checkpoint_every == 0 and batches_done < len(run.train_loader):
+                if (
+                    train.checkpoint_every
+                    and self.step % train.checkpoint_every == 0
+                    and batches_done < len(run.train_loader)
+                ):
                     self.checkpoint(here)
                 if train.max_steps is not None and self.step >= train.max_steps:
                     break

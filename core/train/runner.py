@@ -13,19 +13,28 @@ from typing import Any
 
 import tomli_w
 
-from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
-from runjob.train.checkpoints import BestWeights, Position, compare_jobs, without_compile, find_checkpoint, load_checkpoint, read_state, save_checkpoint
 from runjob.errors import RunjobError, Terminated
-from runjob.record.outputs import choose_output_dir
-from runjob.job.redaction import redact_override, redact_tables
 from runjob.host.plugin_host import PluginHost
 from runjob.host.run_context import RunContext
-from runjob.record.provenance import dataset_lineage, git_tags, job_sources
-from runjob.record.tracking import Recorder, default_experiment, extra_run_tags, flatten
-from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
-from runjob.train.flops import meta_model, peak_flops, training_flops_per_sample
-from runjob.record.system_metrics import SystemMetricsSampler
+from runjob.job.redaction import redact_override, redact_tables
 from runjob.job.validation import ResolvedJob
+from runjob.record.outputs import choose_output_dir
+from runjob.record.provenance import dataset_lineage, git_tags, job_sources
+from runjob.record.system_metrics import SystemMetricsSampler
+from runjob.record.tracking import Recorder, default_experiment, extra_run_tags, flatten
+from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
+from runjob.train.checkpoints import (
+    BestWeights,
+    Position,
+    compare_jobs,
+    find_checkpoint,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+    without_compile,
+)
+from runjob.train.flops import meta_model, peak_flops, training_flops_per_sample
+from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
 
 
 def _tags(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path) -> dict[str, str]:
@@ -66,7 +75,9 @@ def _build(job: ResolvedJob, accelerator: Any):
         import torch
 
         model = model.to(memory_format=torch.channels_last)
-    shapes_only = meta_model(lambda: job.model.component.factory(job.model.options))  # FLOPs, counted at the first batch
+    shapes_only = meta_model(
+        lambda: job.model.component.factory(job.model.options)
+    )  # FLOPs, counted at the first batch
     optimizer = job.optimizer.component.factory(model.parameters(), job.optimizer.options)
     train_loader, val_loader = make_loaders(splits, job, accelerator)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
@@ -76,7 +87,9 @@ def _build(job: ResolvedJob, accelerator: Any):
     return splits, model, optimizer, scheduler, train_loader, val_loader, schedule, shapes_only
 
 
-def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, resume: Path | bool | None = None) -> int:
+def run_job(
+    job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, resume: Path | bool | None = None
+) -> int:
     """Train ``job`` (continuing from a checkpoint when ``resume`` is set); returns the exit code.
 
     User mistakes raise RunjobError (exit 2); a stop signal ends with Terminated after a checkpoint.
@@ -105,12 +118,22 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, 
     run_id = recorder.run_id
     if accelerator.is_main_process:
         resumed = f", resuming {checkpoint.name}" if checkpoint is not None else ""
-        where = f", MLflow run {run_id}" if run_id and recorder.online else ", recording offline (upload later with `runjob sync`)" if job.tracking.offline else ""
-        print(f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}{where}{resumed}")
+        where = (
+            f", MLflow run {run_id}"
+            if run_id and recorder.online
+            else ", recording offline (upload later with `runjob sync`)"
+            if job.tracking.offline
+            else ""
+        )
+        print(
+            f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}{where}{resumed}"
+        )
     sampler = None
     if job.tracking.system_metrics_interval and recorder.role != "none":
         start_ms = recorder.record.get("start_time") or recorder.start_ms
-        sampler = SystemMetricsSampler(recorder.log_metrics, job.tracking.system_metrics_interval, job.launch.machine_rank, start_ms).start()
+        sampler = SystemMetricsSampler(
+            recorder.log_metrics, job.tracking.system_metrics_interval, job.launch.machine_rank, start_ms
+        ).start()
 
     run: RunContext | None = None
     status, error = "FINISHED", None
@@ -137,8 +160,17 @@ def run_job(job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, 
 
         host.hook.runjob_run_start(run=run)
         TrainingLoop(
-            run, host.hook, recorder.log_training_metrics, schedule, splits.num_classes, start, save, stop, on_evaluation=on_evaluation,
-            count_flops=count_flops, peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
+            run,
+            host.hook,
+            recorder.log_training_metrics,
+            schedule,
+            splits.num_classes,
+            start,
+            save,
+            stop,
+            on_evaluation=on_evaluation,
+            count_flops=count_flops,
+            peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
         ).fit()
         accelerator.wait_for_everyone()
         accelerator.save_model(without_compile(model), output_dir, safe_serialization=True)
@@ -200,17 +232,22 @@ def _record_outputs(recorder: Recorder, job: ResolvedJob, output_dir: Path, best
         recorder.log_artifact(output_dir / "best" / "best.json", "best")
     if job.tracking.log_model != "none":
         from runjob.record.model_logging import save_mlflow_model
+        from runjob.train.data_loading import example_input
 
-        folder = save_mlflow_model(job, output_dir, splits)
+        folder = save_mlflow_model(job, output_dir, example_input(splits.val))
         recorder.log_artifact(folder, "model")
 
 
-def _resume_point(job: ResolvedJob, output_dir: Path | None, resume: Path | bool) -> tuple[Path, Path, dict[str, Any], list[str]]:
+def _resume_point(
+    job: ResolvedJob, output_dir: Path | None, resume: Path | bool
+) -> tuple[Path, Path, dict[str, Any], list[str]]:
     """The output folder, checkpoint and saved state to continue from; refuses another job's."""
     explicit = resume if isinstance(resume, Path) else None
     if output_dir is None:
         if explicit is None:
-            raise RunjobError("--resume needs --output-dir DIR (the folder of the run to continue) or a checkpoint path")
+            raise RunjobError(
+                "--resume needs --output-dir DIR (the folder of the run to continue) or a checkpoint path"
+            )
         output_dir = explicit.parent.parent
     checkpoint = find_checkpoint(output_dir, explicit)
     saved = read_state(checkpoint)
@@ -245,7 +282,14 @@ def _same_on_all_processes(accelerator: Any, output_dir: Path) -> Path:
     return Path(broadcast_object_list([str(output_dir)])[0])
 
 
-def _finish(host: PluginHost, run: RunContext | None, recorder: Recorder, accelerator: Any, status: str, error: BaseException | None) -> None:
+def _finish(
+    host: PluginHost,
+    run: RunContext | None,
+    recorder: Recorder,
+    accelerator: Any,
+    status: str,
+    error: BaseException | None,
+) -> None:
     if run is not None:
         try:
             host.hook.runjob_run_end(run=run, status=status, error=error)
