@@ -189,26 +189,22 @@ def test_rerun_refuses_hidden_secrets_and_runs_without_job_toml(store, capsys, t
 
 
 @pytest.mark.timeout(60)
-def test_rerun_hands_cmd_run_the_job_tags_and_store(store, capsys, tmp_path, monkeypatch):
-    """What `rerun` gives `runjob run` (which is tested on its own): the downloaded job kept in the
-    new output folder, the overrides and launch flags, the rerun tag merged into $RUNJOB_RUN_TAGS
-    and the store the run was read from."""
+def test_rerun_hands_the_run_entry_the_job_tags_and_store(store, capsys, tmp_path, monkeypatch):
+    """What `rerun` gives the run entry (which is tested on its own): the downloaded job kept in the
+    new output folder, the overrides and launch flags, the rerun tag and the store the run was read
+    from; nothing passes through the environment."""
+    from runjob.train.entry import RunOutcome
+
     uri, ids = store
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("RUNJOB_RUN_TAGS", json.dumps({"sweep": "s1"}))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     seen = {}
 
-    def fake_cmd_run(args):
-        seen.update(
-            vars(args),
-            text=Path(args.job).read_text(),
-            tags=os.environ["RUNJOB_RUN_TAGS"],
-            uri=os.environ.get("MLFLOW_TRACKING_URI"),
-        )
-        return 0
+    def fake_run(job_file, overrides, **options):
+        seen.update(options, job_file=job_file, overrides=overrides, text=Path(job_file).read_text())
+        return RunOutcome(0, options["output_dir"])
 
-    monkeypatch.setattr("runjob.commands.cli.cmd_run", fake_cmd_run)
+    monkeypatch.setattr("runjob.train.entry.run", fake_run)
     code, _, err = _cli(
         capsys,
         "rerun",
@@ -223,12 +219,13 @@ def test_rerun_hands_cmd_run_the_job_tags_and_store(store, capsys, tmp_path, mon
         "again",
     )
     assert code == 0, err
-    assert seen["job"] == Path("again/rerun_source.toml") and seen["text"] == VALID_JOB
-    assert seen["overrides"] == ["tracking.tags.api_token=abc"] and seen["num_processes"] == 1
-    assert seen["output_dir"] == Path("again") and seen["resume"] is None
-    assert json.loads(seen["tags"]) == {"sweep": "s1", "runjob.rerun_of": ids["secret"]}
-    assert seen["uri"] == uri
-    assert "MLFLOW_TRACKING_URI" not in os.environ and json.loads(os.environ["RUNJOB_RUN_TAGS"]) == {"sweep": "s1"}
+    assert seen["job_file"] == Path("again/rerun_source.toml") and seen["text"] == VALID_JOB
+    assert seen["overrides"] == ["tracking.tags.api_token=abc", "launch.num_processes=1"]
+    assert seen["output_dir"] == Path("again")
+    assert seen["tags"] == {"runjob.rerun_of": ids["secret"]}
+    assert seen["tracking_uri"] == uri
+    assert seen["job"].source.path == Path("again/rerun_source.toml"), "validated once, from the kept copy"
+    assert "MLFLOW_TRACKING_URI" not in os.environ
 
 
 @pytest.mark.timeout(120)

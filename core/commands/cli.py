@@ -8,6 +8,13 @@ import sys
 import textwrap
 from pathlib import Path
 
+from runjob.commands.arguments import (
+    add_job_arguments,
+    add_launch_arguments,
+    add_tracking_uri,
+    overrides_from,
+)
+
 COMMANDS = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
 
 DESCRIPTION = """\
@@ -25,49 +32,6 @@ Train from a declarative TOML job file.
 """
 
 
-def _add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("job", type=Path, help="the job file (TOML)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="TABLE.KEY=VALUE",
-        help="override one job key; the value is read as TOML, a bare word as a string (repeatable)",
-    )
-
-
-LAUNCH_FLAGS = {
-    "num_processes": (int, "processes in all, across machines (launch.num_processes)"),
-    "num_machines": (int, "machines in the job (launch.num_machines)"),
-    "machine_rank": (int, "this machine's rank, 0 for the main one (launch.machine_rank)"),
-    "main_process_ip": (str, "address of machine 0 (launch.main_process_ip)"),
-    "main_process_port": (int, "port on machine 0 (launch.main_process_port)"),
-}
-
-
-def _add_launch_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("launch (named as `accelerate launch` names them; they win over [launch])")
-    for key, (kind, text) in LAUNCH_FLAGS.items():
-        group.add_argument(
-            f"--{key.replace('_', '-')}", dest=key, type=kind, metavar=key.split("_")[-1].upper(), help=text
-        )
-
-
-def _overrides(args: argparse.Namespace) -> list[str]:
-    """``--set`` values, then the launch flags as ``launch.*`` overrides (so they win)."""
-    overrides = list(args.overrides)
-    for key in LAUNCH_FLAGS:
-        value = getattr(args, key, None)
-        if value is not None:
-            overrides.append(f"launch.{key}={value!r}" if isinstance(value, str) else f"launch.{key}={value}")
-    return overrides
-
-
-def _add_tracking_uri(parser: argparse.ArgumentParser, default_text: str) -> None:
-    parser.add_argument("--tracking-uri", metavar="URI", help=f"MLflow tracking URI (default: {default_text})")
-
-
 def build_parser() -> argparse.ArgumentParser:
     from runjob import __version__
 
@@ -80,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run", help="train the job (the default command)", description="Train the job and record it to MLflow."
     )
-    _add_job_arguments(run)
+    add_job_arguments(run)
     run.add_argument(
         "--output-dir",
         type=Path,
@@ -94,15 +58,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="CHECKPOINT",
         help="continue the run in --output-dir from its newest complete checkpoint (or from CHECKPOINT)",
     )
-    _add_launch_arguments(run)
+    run.add_argument(
+        "--tag",
+        dest="tags",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra MLflow tag for the run (repeatable)",
+    )
+    run.add_argument(
+        "--tracking-uri",
+        metavar="URI",
+        help="where to record when the job names no tracking.uri (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)",
+    )
+    add_launch_arguments(run)
 
     validate = commands.add_parser(
         "validate",
         help="check a job without running it and print it resolved",
         description="Check the job completely and print it, defaults filled in, as TOML. Exit 0 if it can run, 2 if not.",
     )
-    _add_job_arguments(validate)
-    _add_launch_arguments(validate)
+    add_job_arguments(validate)
+    add_launch_arguments(validate)
 
     doctor = commands.add_parser(
         "doctor",
@@ -134,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runs.add_argument("--experiment", metavar="NAME", help="only this experiment's runs (default: all experiments)")
     runs.add_argument("--limit", type=int, default=20, metavar="N", help="the newest N runs (default: 20)")
-    _add_tracking_uri(runs, uri_default)
+    add_tracking_uri(runs, uri_default)
 
     diff = commands.add_parser(
         "diff",
@@ -143,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     diff.add_argument("run_a", metavar="RUN_A", help="MLflow run id")
     diff.add_argument("run_b", metavar="RUN_B", help="MLflow run id")
-    _add_tracking_uri(diff, uri_default)
+    add_tracking_uri(diff, uri_default)
 
     rerun = commands.add_parser(
         "rerun",
@@ -162,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     rerun.add_argument(
         "--output-dir", type=Path, help="where the new run's outputs go (default: runs/<job name>/<time>)"
     )
-    _add_tracking_uri(rerun, uri_default)
-    _add_launch_arguments(rerun)
+    add_tracking_uri(rerun, uri_default)
+    add_launch_arguments(rerun)
 
     sync = commands.add_parser(
         "sync",
@@ -171,14 +148,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Upload everything a run recorded in OUTPUT_DIR (params, tags, every metric point, artifacts, status) to MLflow. Safe to repeat: nothing is logged twice.",
     )
     sync.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="the run's output folder")
-    _add_tracking_uri(sync, "the one the run recorded")
+    add_tracking_uri(sync, "the one the run recorded")
 
     sweep = commands.add_parser(
         "sweep",
         help="run the trials of the job's [sweep] table under one parent MLflow run",
         description="Run one trial per point of the job's [sweep] table, each a child MLflow run of one parent run, and report the best.",
     )
-    _add_job_arguments(sweep)
+    add_job_arguments(sweep)
     sweep.add_argument(
         "--output-dir", type=Path, help="where the sweep's trials go (default: runs/<job name>-sweep/<time>)"
     )
@@ -196,7 +173,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from runjob.job.validation import load_resolved
 
     host = load_plugins()
-    job = load_resolved(args.job, _overrides(args), host)
+    job = load_resolved(args.job, overrides_from(args), host)
     if job.sweep is not None:
         from runjob.commands.sweep import check_values
 
@@ -245,29 +222,17 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.validation import load_resolved
-    from runjob.record.outputs import choose_output_dir
-    from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
+    from runjob.train.entry import parse_tags, run
 
-    overrides = _overrides(args)
-    host = load_plugins()
-    adopt_slurm_environment()
-    job = load_resolved(args.job, overrides, host)
-    launch = job.launch
-    if job.sweep is not None and not is_worker():
-        from runjob.record.tracking import extra_run_tags
-
-        if "runjob.sweep.trial" not in extra_run_tags():  # a sweep's own trial
-            _note_sweep("this trains the base job as written")
-    if is_worker():
-        check_launched_as_asked(launch)
-    elif launch.num_processes > 1 or launch.num_machines > 1:
-        output_dir = args.output_dir if args.resume else choose_output_dir(job.job.name, args.output_dir)
-        return launch_workers(launch, args.job, overrides, output_dir, resume=args.resume)
-    from runjob.train.runner import run_job
-
-    return run_job(job, host, output_dir=args.output_dir, resume=args.resume)
+    outcome = run(
+        args.job,
+        overrides_from(args),
+        output_dir=args.output_dir,
+        resume=args.resume,
+        tags=parse_tags(args.tags),
+        tracking_uri=args.tracking_uri,
+    )
+    return outcome.exit_code
 
 
 def _command(name: str):
@@ -275,8 +240,10 @@ def _command(name: str):
     local = {"run": cmd_run, "validate": cmd_validate, "doctor": cmd_doctor, "plugins": cmd_plugins}
     if name in local:
         return local[name]
-    if name in ("runs", "diff", "rerun"):
+    if name in ("runs", "diff"):
         from runjob.commands import runs as module
+    elif name == "rerun":
+        from runjob.commands import rerun as module
     elif name == "sync":
         from runjob.record import sync as module
     else:

@@ -1,94 +1,27 @@
-"""Reading recorded runs back from MLflow: ``runjob runs``, ``runjob diff`` and ``runjob rerun``.
+"""``runjob runs`` and ``runjob diff``: recorded runs read back from MLflow.
 
 A run's params are its resolved job flattened to dotted keys (``optimizer.lr``), so comparing
-params is comparing jobs. ``rerun`` trains a run's recorded ``job.toml`` artifact again.
+params is comparing jobs.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
-import json
-import os
-import shutil
-import sys
-import tempfile
 import time
-import tomllib
-from collections.abc import Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
-from runjob.errors import RunjobError, TrackingError
-from runjob.job.redaction import HIDDEN
-from runjob.record.tracking import RUN_TAGS_ENV, resolve_tracking_uri
+from runjob.commands.table import ELLIPSIS, render, shorten
+from runjob.errors import RunjobError
+from runjob.record.store import all_experiments, get_run, open_store, reading
+from runjob.record.tracking import resolve_tracking_uri
 
 KEY_METRICS = ("val/accuracy", "val/loss", "train/loss")  # the final metrics `runs` shows
 TABLE_WIDTH = 120  # `runs` shows as many differing job keys as fit in this many characters
 KEY_COLUMN_WIDTH = 18
 NAME_WIDTH = 20  # experiment and run names in `runs`
 VALUE_WIDTH = 50  # values in `diff`
-ELLIPSIS = "..."
-RERUN_TAG = "runjob.rerun_of"
-RERUN_SOURCE = "rerun_source.toml"  # the downloaded job.toml, kept in the new run's output folder
-
-
-# --- talking to MLflow ---------------------------------------------------------------------------
-
-
-def open_store(uri: str):
-    """An ``MlflowClient`` for ``uri``; a sqlite file that does not exist is an error (MLflow would
-    silently create an empty one, and every query would then find nothing)."""
-    from mlflow import MlflowClient
-
-    from runjob.record.tracking import check_reachable
-
-    check_reachable(uri, "--tracking-uri or $MLFLOW_TRACKING_URI")
-    if uri.lower().startswith("sqlite:"):
-        path = uri[len("sqlite:") :].removeprefix("//").partition("?")[0].removeprefix("/")
-        if path not in ("", ":memory:") and not Path(path).exists():
-            raise TrackingError(
-                f"no MLflow database at {uri} ({Path(path).absolute()} does not exist); run where you trained, or give --tracking-uri"
-            )
-    return MlflowClient(tracking_uri=uri)
-
-
-@contextlib.contextmanager
-def _reading(uri: str) -> Iterator[None]:
-    """Turn any failure to read from MLflow into a one-line error naming the store."""
-    try:
-        yield
-    except RunjobError:
-        raise
-    except Exception as error:  # noqa: BLE001 - unreachable server, bad store: the same to the user
-        lines = str(error).strip().splitlines()
-        raise TrackingError(
-            f"cannot read from MLflow at {uri}: {type(error).__name__}: {lines[0] if lines else ''}"
-        ) from None
-
-
-def get_run(client: Any, uri: str, run_id: str) -> Any:
-    """The run ``run_id``; an unknown id is a one-line error."""
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return client.get_run(run_id)
-    except MlflowException as error:
-        if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise RunjobError(f"no run {run_id} at {uri}") from None
-        raise
-
-
-def _all_experiments(client: Any) -> list[Any]:
-    experiments, token = [], None
-    while True:
-        page = client.search_experiments(page_token=token)
-        experiments.extend(page)
-        token = page.token
-        if not token:
-            return experiments
 
 
 def _choose_experiments(experiments: list[Any], name: str | None, uri: str) -> list[Any]:
@@ -103,29 +36,6 @@ def _choose_experiments(experiments: list[Any], name: str | None, uri: str) -> l
     hint = f"did you mean {close[0]!r}? " if close else ""
     known = ", ".join(names) if names else "none"
     raise RunjobError(f"--experiment {name}: no such experiment at {uri}; {hint}experiments there: {known}")
-
-
-# --- formatting ------------------------------------------------------------------------------------
-
-
-def shorten(text: str, width: int) -> str:
-    """``text`` cut to ``width`` characters, the middle replaced by an ellipsis (both ends of a
-    path or a dotted key usually matter)."""
-    if len(text) <= width:
-        return text
-    keep = width - len(ELLIPSIS)
-    head = (keep + 1) // 2
-    return text[:head] + ELLIPSIS + text[len(text) - (keep - head) :]
-
-
-def render(headers: list[str], rows: list[list[str]], right: set[int] = frozenset(), indent: str = "") -> list[str]:
-    """A plain-text table: columns two spaces apart, columns in ``right`` right-aligned."""
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
-    lines = []
-    for row in [headers, *rows]:
-        cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
-        lines.append((indent + "  ".join(cells)).rstrip())
-    return lines
 
 
 def _number(value: float | None, digits: int = 4) -> str:
@@ -223,8 +133,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
         raise RunjobError(f"--limit {args.limit}: give how many runs to list, 1 or more")
     uri = resolve_tracking_uri(args.tracking_uri)
     client = open_store(uri)
-    with _reading(uri):
-        experiments = _all_experiments(client)
+    with reading(uri):
+        experiments = all_experiments(client)
         chosen = _choose_experiments(experiments, args.experiment, uri)
         ids = [e.experiment_id for e in chosen]
         runs = (
@@ -292,137 +202,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
     """``runjob diff RUN_A RUN_B``: the job keys that differ and each final metric's change."""
     uri = resolve_tracking_uri(args.tracking_uri)
     client = open_store(uri)
-    with _reading(uri):
+    with reading(uri):
         a = get_run(client, uri, args.run_a)
         b = get_run(client, uri, args.run_b)
     for line in diff_lines(a, b):
         print(line)
     return 0
-
-
-# --- runjob rerun ------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
-    """Set ``values`` in ``os.environ`` for the block (worker processes inherit them), then restore."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
-
-
-def download_job(uri: str, run_id: str, folder: Path) -> Path:
-    """Download run ``run_id``'s ``job.toml`` artifact into ``folder``; its absence is an error."""
-    from mlflow.artifacts import download_artifacts
-    from mlflow.exceptions import MlflowException
-
-    try:
-        with _environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
-            path = download_artifacts(run_id=run_id, artifact_path="job.toml", tracking_uri=uri, dst_path=str(folder))
-    except MlflowException as error:
-        if error.error_code != "RESOURCE_DOES_NOT_EXIST":
-            raise
-        raise RunjobError(
-            f"run {run_id} has no job.toml artifact: it was not made by runjob, or its job.toml is missing"
-        ) from None
-    return Path(path)
-
-
-def _is_hidden(value: Any) -> bool:
-    if isinstance(value, str):
-        return value == HIDDEN or f":{HIDDEN}@" in value  # a hidden key, or a URL's hidden password
-    if isinstance(value, list):
-        return any(_is_hidden(item) for item in value)
-    return False
-
-
-def hidden_keys(tables: dict[str, Any], prefix: str = "") -> list[str]:
-    """The dotted keys of ``tables`` whose values were hidden (``***``) when the job was recorded."""
-    keys = []
-    for key, value in tables.items():
-        if isinstance(value, dict):
-            keys.extend(hidden_keys(value, f"{prefix}{key}."))
-        elif _is_hidden(value):
-            keys.append(f"{prefix}{key}")
-    return keys
-
-
-def _check_secrets_given(job: dict[str, Any], overrides: list[str], run_id: str) -> None:
-    """Refuse a job with hidden secrets unless ``--set`` gives each of them (or a table above it)."""
-    from runjob.job.jobfile import split_dotted
-
-    given = [".".join(split_dotted(o.partition("=")[0])) for o in overrides]
-    missing = [k for k in hidden_keys(job) if not any(k == g or k.startswith(g + ".") for g in given)]
-    if missing:
-        raise RunjobError(
-            f"run {run_id}'s job.toml has secrets hidden as {HIDDEN}: {', '.join(missing)}; give them with --set, e.g. --set {missing[0]}=VALUE"
-        )
-
-
-def _run_tags_env(run_id: str) -> str:
-    """``$RUNJOB_RUN_TAGS`` with the rerun tag added to whatever tags it already asks for."""
-    text = os.environ.get(RUN_TAGS_ENV) or "{}"
-    try:
-        tags = json.loads(text)
-    except json.JSONDecodeError:
-        tags = None
-    if not isinstance(tags, dict):
-        raise RunjobError(f"${RUN_TAGS_ENV} must be a JSON object of tags, not {text!r}")
-    return json.dumps({**tags, RERUN_TAG: run_id})
-
-
-def _rerun_environment(args: argparse.Namespace, job: dict[str, Any]) -> dict[str, str]:
-    """The variables the new run needs: its rerun tag and, when the job names no tracking URI, the
-    store the old run was read from (so both runs are in the same place)."""
-    values = {RUN_TAGS_ENV: _run_tags_env(args.run_id)}
-    recorded_uri = job.get("tracking", {}).get("uri")
-    overridden = any(o.partition("=")[0].strip() == "tracking.uri" for o in args.overrides)
-    if args.tracking_uri and not recorded_uri:
-        values["MLFLOW_TRACKING_URI"] = args.tracking_uri
-    elif args.tracking_uri and recorded_uri != args.tracking_uri and not overridden:
-        print(
-            f"runjob: the job records to tracking.uri = {recorded_uri}, so the new run goes there (--set tracking.uri=URI to change)",
-            file=sys.stderr,
-        )
-    return values
-
-
-def cmd_rerun(args: argparse.Namespace) -> int:
-    """``runjob rerun RUN_ID``: train run RUN_ID's recorded job again, as ``runjob run`` would, with
-    any ``--set`` changes; the new run is tagged ``runjob.rerun_of = RUN_ID``."""
-    from runjob.commands.cli import LAUNCH_FLAGS, _overrides, cmd_run
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.validation import load_resolved
-    from runjob.record.outputs import choose_output_dir
-
-    uri = resolve_tracking_uri(args.tracking_uri)
-    client = open_store(uri)
-    with tempfile.TemporaryDirectory(prefix="runjob-rerun-") as folder:
-        with _reading(uri):
-            get_run(client, uri, args.run_id)
-            downloaded = download_job(uri, args.run_id, Path(folder))
-        job = tomllib.loads(downloaded.read_text(encoding="utf-8"))
-        _check_secrets_given(job, args.overrides, args.run_id)
-        environment = _rerun_environment(args, job)
-        run_args = argparse.Namespace(
-            job=downloaded, overrides=list(args.overrides), resume=None, **{k: getattr(args, k) for k in LAUNCH_FLAGS}
-        )
-        resolved = load_resolved(
-            downloaded, _overrides(run_args), load_plugins()
-        )  # a bad --set fails before any folder is made
-        # The copy lives in the new run's folder: the run's runjob.job_file tag and its workers point at it.
-        output_dir = choose_output_dir(resolved.job.name, args.output_dir)
-        output_dir.mkdir(parents=True, exist_ok=True)
-        run_args.job = output_dir / RERUN_SOURCE
-        shutil.copyfile(downloaded, run_args.job)
-    run_args.output_dir = output_dir
-    print(f"runjob: rerunning {args.run_id} from {run_args.job}", file=sys.stderr)
-    with _environment(environment):
-        return cmd_run(run_args)

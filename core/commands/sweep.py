@@ -2,7 +2,7 @@
 
 Every trial is ``runjob run JOB --set KEY=VALUE...`` in a subprocess of its own, so a trial is an
 ordinary run (several processes included) whose output folder and MLflow run look like any other;
-``$RUNJOB_RUN_TAGS`` tags it as a child of the sweep's parent run. A grid is every combination of
+its ``--tag`` flags tag it as a child of the sweep's parent run. A grid is every combination of
 the listed values; random and TPE draw points through Optuna's ask-and-tell interface.
 
 Nothing heavy is imported at module level: ``runjob validate`` uses :func:`check_values`.
@@ -16,7 +16,6 @@ import copy
 import itertools
 import json
 import math
-import os
 import shlex
 import signal
 import subprocess
@@ -31,7 +30,8 @@ from runjob.host.plugin_host import PluginHost
 from runjob.job.jobfile import RawJob, apply_override
 from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
 from runjob.job.validation import ResolvedJob, resolve
-from runjob.record.tracking import RUN_RECORD, RUN_TAGS_ENV
+from runjob.record.tracking import RUN_RECORD
+from runjob.train.entry import tag_arguments
 
 TRIALS_FILE = "trials.json"  # every trial's overrides, status, value and run; in the sweep folder and on the parent run
 USER_MISTAKE_EXIT = 2  # a trial that exits with this stops the sweep: every other trial would repeat it
@@ -263,10 +263,9 @@ class SignalForwarder:
                 signal.signal(signum, handler)
 
 
-def run_trial(trial: Trial, command: list[str], tags: dict[str, str], signals: SignalForwarder) -> int:
+def run_trial(trial: Trial, command: list[str], signals: SignalForwarder) -> int:
     """Run one trial's ``runjob run`` with its output streamed through; returns its exit code."""
-    env = {**os.environ, RUN_TAGS_ENV: json.dumps(tags)}
-    child = subprocess.Popen(command, env=env, start_new_session=True)
+    child = subprocess.Popen(command, start_new_session=True)
     signals.child = child
     if signals.signum:  # the signal came while the trial was starting
         child.send_signal(signals.signum)
@@ -279,10 +278,12 @@ def run_trial(trial: Trial, command: list[str], tags: dict[str, str], signals: S
             child.wait()
 
 
-def trial_command(job_path: Path, overrides: list[str], trial: Trial) -> list[str]:
-    """``python -m runjob run JOB --set ... --output-dir SWEEP_DIR/trial-NNN``."""
+def trial_command(job_path: Path, overrides: list[str], trial: Trial, tags: dict[str, str]) -> list[str]:
+    """``python -m runjob run JOB --set ... --tag ... --output-dir SWEEP_DIR/trial-NNN``: the trial
+    is an ordinary run in a process of its own (so ``[launch]`` works for trials too)."""
     sets = [part for text in [*overrides, *trial.overrides] for part in ("--set", text)]
-    return [sys.executable, "-m", "runjob", "run", str(job_path), *sets, "--output-dir", str(trial.output_dir)]
+    command = [sys.executable, "-m", "runjob", "run", str(job_path), *sets, *tag_arguments(tags)]
+    return [*command, "--output-dir", str(trial.output_dir)]
 
 
 def read_result(trial: Trial, metric: str) -> None:
@@ -516,7 +517,7 @@ def _run_one(
         "runjob.sweep.parent": parent.run_id,
         "runjob.sweep.trial": str(trial.index),
     }
-    code = run_trial(trial, trial_command(job.source.path, args.overrides, trial), tags, signals)
+    code = run_trial(trial, trial_command(job.source.path, args.overrides, trial, tags), signals)
     read_result(trial, job.sweep.metric)
     if signals.signum:
         trial.status, trial.value, trial.message = "killed", None, f"stopped by signal {signals.signum}"

@@ -25,7 +25,6 @@ from typing import Any
 from runjob.errors import TrackingError, user_message
 
 RUN_RECORD = "mlflow_run.json"  # the run's local record: which MLflow run, params, tags, artifacts, status
-RUN_TAGS_ENV = "RUNJOB_RUN_TAGS"  # a JSON object of extra tags for the run (set by `rerun` and `sweep`)
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
 REACH_TIMEOUT_S = 5.0  # an unreachable tracking server is reported within this (twice at most)
@@ -233,16 +232,18 @@ class Recorder:
         run_name: str,
         params: dict[str, str],
         tags: dict[str, str],
+        tracking_uri: str | None = None,
         resuming: bool = False,
     ) -> str | None:
         """Write the local record and create the MLflow run with its params and tags; a resumed run
-        reopens its MLflow run (adding the tags). Returns the run id (``None`` when offline)."""
+        reopens its MLflow run (adding the tags). ``tracking_uri``: where to record (default
+        ``$MLFLOW_TRACKING_URI``, else MLflow's default). Returns the run id (``None`` when offline)."""
         if self.role != "main":
             return None
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunTag
 
-        self.tracking_uri = resolve_tracking_uri(tracking.uri)
+        self.tracking_uri = resolve_tracking_uri(tracking_uri)
         previous = read_record(self.output_dir) if resuming else {}
         self.record = previous or {
             "run_id": None,
@@ -453,15 +454,6 @@ def _now_ms() -> int:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else ""
-
-
-def extra_run_tags() -> dict[str, str]:
-    """Tags that the process that started this run asked for through ``$RUNJOB_RUN_TAGS``."""
-    text = os.environ.get(RUN_TAGS_ENV)
-    if not text:
-        return {}
-    tags = json.loads(text)
-    return {str(key): str(value) for key, value in tags.items()}
 
 
 def resolve_tracking_uri(explicit: str | None = None) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from runjob.errors import RunjobError
 from runjob.record.tracking import RUN_RECORD
+from runjob.train.entry import tag_arguments
 
 
 def launched_processes() -> int:
@@ -62,9 +63,16 @@ def check_launched_as_asked(launch: Any) -> None:
 
 
 def torchrun_arguments(
-    launch: Any, job_path: Path, overrides: list[str], output_dir: Path | None, resume: Path | bool | None = None
+    launch: Any,
+    job_path: Path,
+    overrides: list[str],
+    output_dir: Path | None,
+    resume: Path | bool | None = None,
+    tags: dict[str, str] | None = None,
+    tracking_uri: str | None = None,
 ) -> list[str]:
-    """The ``torch.distributed.run`` command line that starts this machine's workers."""
+    """The ``torch.distributed.run`` command line that starts this machine's workers: each runs
+    ``runjob run`` with the same job, overrides, folder, tags and tracking URI."""
     arguments = [
         "--nnodes",
         str(launch.num_machines),
@@ -91,11 +99,20 @@ def torchrun_arguments(
         worker += ["--resume"] + ([str(resume)] if isinstance(resume, Path) else [])
     for override in overrides:
         worker += ["--set", override]
+    worker += tag_arguments(tags or {})
+    if tracking_uri:
+        worker += ["--tracking-uri", tracking_uri]
     return arguments + worker
 
 
 def launch_workers(
-    launch: Any, job_path: Path, overrides: list[str], output_dir: Path | None, resume: Path | bool | None = None
+    launch: Any,
+    job_path: Path,
+    overrides: list[str],
+    output_dir: Path | None,
+    resume: Path | bool | None = None,
+    tags: dict[str, str] | None = None,
+    tracking_uri: str | None = None,
 ) -> int:
     """Start the workers and wait; returns 0, or the exit code of the first worker that failed.
 
@@ -106,7 +123,7 @@ def launch_workers(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    arguments = torchrun_arguments(launch, job_path, overrides, output_dir, resume)
+    arguments = torchrun_arguments(launch, job_path, overrides, output_dir, resume, tags, tracking_uri)
     print(
         f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of {launch.num_machines} (torch.distributed.run)",
         file=sys.stderr,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import sys
@@ -21,7 +22,7 @@ from runjob.job.validation import ResolvedJob
 from runjob.record.outputs import choose_output_dir
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.system_metrics import SystemMetricsSampler
-from runjob.record.tracking import Recorder, default_experiment, extra_run_tags, flatten
+from runjob.record.tracking import Recorder, default_experiment, flatten
 from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
 from runjob.train.checkpoints import (
     BestWeights,
@@ -33,11 +34,14 @@ from runjob.train.checkpoints import (
     save_checkpoint,
     without_compile,
 )
+from runjob.train.entry import RunOutcome
 from runjob.train.flops import meta_model, peak_flops, training_flops_per_sample
 from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
 
 
-def _tags(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path) -> dict[str, str]:
+def _tags(
+    job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path, extra: dict[str, str]
+) -> dict[str, str]:
     import accelerate
     import torch
 
@@ -60,7 +64,7 @@ def _tags(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path
     for plugin in host.plugins:
         tags[f"runjob.plugin.{plugin.name}"] = f"{plugin.distribution} {plugin.version}"
     tags.update(redact_tables(dict(job.tracking.tags)))
-    tags.update(extra_run_tags())
+    tags.update(extra)
     return tags
 
 
@@ -88,12 +92,38 @@ def _build(job: ResolvedJob, accelerator: Any):
 
 
 def run_job(
-    job: ResolvedJob, host: PluginHost, output_dir: Path | None = None, resume: Path | bool | None = None
-) -> int:
-    """Train ``job`` (continuing from a checkpoint when ``resume`` is set); returns the exit code.
+    job: ResolvedJob,
+    host: PluginHost,
+    output_dir: Path | None = None,
+    resume: Path | bool | None = None,
+    tags: dict[str, str] | None = None,
+    tracking_uri: str | None = None,
+) -> RunOutcome:
+    """Train ``job`` in this process (continuing from a checkpoint when ``resume`` is set).
 
     User mistakes raise RunjobError (exit 2); a stop signal ends with Terminated after a checkpoint.
+    The signal handlers and Accelerate's process-wide state are put back afterwards, so a process
+    can run several jobs one after another (tests, notebooks, benchmarks).
     """
+    handlers = {signum: signal.getsignal(signum) for signum in _stop_signals(job.train.stop_signal)}
+    environment = {name: os.environ.get(name) for name in ACCELERATE_SWITCHES}
+    try:
+        return _train(job, host, output_dir, resume, tags or {}, tracking_uri)
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+        _reset_accelerate(environment)
+
+
+def _train(
+    job: ResolvedJob,
+    host: PluginHost,
+    output_dir: Path | None,
+    resume: Path | bool | None,
+    tags: dict[str, str],
+    tracking_uri: str | None,
+) -> RunOutcome:
     from accelerate.utils import set_seed
 
     plan = job.strategy.component.factory(job.strategy.options)
@@ -112,7 +142,7 @@ def run_job(
     stop = StopRequest()
     _listen_for_stop(stop, job.train.stop_signal)
 
-    recorder = _start_record(job, host, accelerator, output_dir, resuming=checkpoint is not None)
+    recorder = _start_record(job, host, accelerator, output_dir, checkpoint is not None, tags, tracking_uri)
     if checkpoint is not None:
         recorder.set_tags({f"runjob.resumed.step_{saved['step']}": "; ".join(changes) or "no changes"})
     run_id = recorder.run_id
@@ -186,7 +216,7 @@ def run_job(
         if sampler is not None:
             sampler.stop()
         _finish(host, run, recorder, accelerator, status, error)
-    return 0
+    return RunOutcome(0, output_dir, run_id)
 
 
 def _recording_role(accelerator: Any) -> str:
@@ -196,7 +226,15 @@ def _recording_role(accelerator: Any) -> str:
     return "node" if accelerator.is_local_main_process else "none"
 
 
-def _start_record(job: ResolvedJob, host: PluginHost, accelerator: Any, output_dir: Path, resuming: bool) -> Recorder:
+def _start_record(
+    job: ResolvedJob,
+    host: PluginHost,
+    accelerator: Any,
+    output_dir: Path,
+    resuming: bool,
+    tags: dict[str, str],
+    tracking_uri: str | None,
+) -> Recorder:
     """Start the run's record on the main process and tell the other machines which run it is."""
     recorder = Recorder(output_dir, role=_recording_role(accelerator), machine_rank=job.launch.machine_rank)
     recorder.start(
@@ -204,7 +242,8 @@ def _start_record(job: ResolvedJob, host: PluginHost, accelerator: Any, output_d
         experiment=default_experiment(job.tracking, job.job.name),
         run_name=job.tracking.run_name or job.job.name,
         params=flatten(redact_tables(job.to_dict())),
-        tags=_tags(job, host, accelerator, output_dir),
+        tags=_tags(job, host, accelerator, output_dir, tags),
+        tracking_uri=job.tracking.uri or tracking_uri,
         resuming=resuming,
     )
     shared = [recorder.run_id, recorder.tracking_uri, recorder.record.get("start_time")]
@@ -269,8 +308,29 @@ def _listen_for_stop(stop: StopRequest, extra_signal: str | None) -> None:
             raise KeyboardInterrupt
         stop.signum = stop.signum or signum
 
-    for name in ("SIGTERM", "SIGINT", *([extra_signal] if extra_signal else [])):
-        signal.signal(getattr(signal, name), ask)
+    for signum in _stop_signals(extra_signal):
+        signal.signal(signum, ask)
+
+
+def _stop_signals(extra_signal: str | None) -> list[int]:
+    return [getattr(signal, name) for name in ("SIGTERM", "SIGINT", *([extra_signal] if extra_signal else []))]
+
+
+# Passing an FSDP or DeepSpeed plugin to the Accelerator writes these into os.environ.
+ACCELERATE_SWITCHES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
+
+
+def _reset_accelerate(environment: dict[str, str | None]) -> None:
+    """Forget this run's Accelerator: its process-wide state and the switches it set."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    for name, value in environment.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _same_on_all_processes(accelerator: Any, output_dir: Path) -> Path:

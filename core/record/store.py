@@ -1,0 +1,98 @@
+"""Reading runs back from an MLflow store: opening it (a missing sqlite file is an error, not an
+empty store), one-line errors for anything that fails, a run by id, every experiment, a run's
+``job.toml`` artifact."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import RunjobError, TrackingError
+
+
+def open_store(uri: str):
+    """An ``MlflowClient`` for ``uri``; a sqlite file that does not exist is an error (MLflow would
+    silently create an empty one, and every query would then find nothing)."""
+    from mlflow import MlflowClient
+
+    from runjob.record.tracking import check_reachable
+
+    check_reachable(uri, "--tracking-uri or $MLFLOW_TRACKING_URI")
+    if uri.lower().startswith("sqlite:"):
+        path = uri[len("sqlite:") :].removeprefix("//").partition("?")[0].removeprefix("/")
+        if path not in ("", ":memory:") and not Path(path).exists():
+            raise TrackingError(
+                f"no MLflow database at {uri} ({Path(path).absolute()} does not exist); run where you trained, or give --tracking-uri"
+            )
+    return MlflowClient(tracking_uri=uri)
+
+
+@contextlib.contextmanager
+def reading(uri: str) -> Iterator[None]:
+    """Turn any failure to read from MLflow into a one-line error naming the store."""
+    try:
+        yield
+    except RunjobError:
+        raise
+    except Exception as error:  # noqa: BLE001 - unreachable server, bad store: the same to the user
+        lines = str(error).strip().splitlines()
+        raise TrackingError(
+            f"cannot read from MLflow at {uri}: {type(error).__name__}: {lines[0] if lines else ''}"
+        ) from None
+
+
+def get_run(client: Any, uri: str, run_id: str) -> Any:
+    """The run ``run_id``; an unknown id is a one-line error."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.get_run(run_id)
+    except MlflowException as error:
+        if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise RunjobError(f"no run {run_id} at {uri}") from None
+        raise
+
+
+def all_experiments(client: Any) -> list[Any]:
+    experiments, token = [], None
+    while True:
+        page = client.search_experiments(page_token=token)
+        experiments.extend(page)
+        token = page.token
+        if not token:
+            return experiments
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in ``os.environ`` for the block (worker processes inherit them), then restore."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def download_job(uri: str, run_id: str, folder: Path) -> Path:
+    """Download run ``run_id``'s ``job.toml`` artifact into ``folder``; its absence is an error."""
+    from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
+
+    try:
+        with _environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
+            path = download_artifacts(run_id=run_id, artifact_path="job.toml", tracking_uri=uri, dst_path=str(folder))
+    except MlflowException as error:
+        if error.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        raise RunjobError(
+            f"run {run_id} has no job.toml artifact: it was not made by runjob, or its job.toml is missing"
+        ) from None
+    return Path(path)

@@ -1,0 +1,110 @@
+"""One library entry for a run: ``runjob run``, ``runjob rerun``, each sweep trial and the test kit
+call :func:`run`, with the job file, the overrides, the output folder and any extra tags.
+
+It validates the job once, then either trains in this process or, when the job asks for several
+processes or machines and this process was not itself started by a launcher, starts the workers
+(each of which calls :func:`run` again, inside the launcher's environment). A user's mistake is
+raised as :class:`runjob.RunjobError`; a stop signal as :class:`runjob.errors.Terminated` after a
+checkpoint. Calling it several times in one process works: each run puts back the signal handlers
+and Accelerate's process-wide state it found.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runjob.host.plugin_host import PluginHost
+    from runjob.job.validation import ResolvedJob
+
+SWEEP_TRIAL_TAG = "runjob.sweep.trial"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """How a run ended: the exit code ``runjob run`` would give, its output folder and MLflow run
+    id (``None`` when it recorded offline, or when workers ran it and recorded nothing)."""
+
+    exit_code: int
+    output_dir: Path | None
+    run_id: str | None = None
+
+
+def run(
+    job_file: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    output_dir: str | Path | None = None,
+    resume: str | Path | bool | None = None,
+    tags: Mapping[str, str] | None = None,
+    tracking_uri: str | None = None,
+    host: PluginHost | None = None,
+    job: ResolvedJob | None = None,
+) -> RunOutcome:
+    """Train the job in ``job_file`` with ``overrides`` (``"table.key=value"`` texts, applied in
+    order); see the module docstring.
+
+    ``output_dir``: the run's folder (default ``runs/<job name>/<UTC time>``); with ``resume``
+    (``True`` for the newest complete checkpoint, or a checkpoint folder) the folder to continue.
+    ``tags``: extra MLflow tags for the run. ``tracking_uri``: where to record when the job names
+    no ``tracking.uri`` (default ``$MLFLOW_TRACKING_URI``, else MLflow's default). ``host``: loaded
+    plugins to reuse. ``job``: the job already resolved from ``job_file`` and ``overrides``.
+    """
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
+    from runjob.record.outputs import choose_output_dir
+    from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
+
+    job_file = Path(job_file)
+    output_dir = Path(output_dir) if output_dir is not None else None
+    resume = Path(resume) if isinstance(resume, str) else resume
+    tags = dict(tags or {})
+    host = host or load_plugins()
+    adopt_slurm_environment()
+    job = job or load_resolved(job_file, list(overrides), host)
+    launch = job.launch
+    if is_worker():
+        check_launched_as_asked(launch)
+    else:
+        if job.sweep is not None and SWEEP_TRIAL_TAG not in tags:
+            print(
+                "runjob: note: the job's [sweep] table is used by `runjob sweep`; this trains the base job as written",
+                file=sys.stderr,
+            )
+        if launch.num_processes > 1 or launch.num_machines > 1:
+            output_dir = output_dir if resume else choose_output_dir(job.job.name, output_dir)
+            code = launch_workers(
+                launch, job_file, list(overrides), output_dir, resume=resume, tags=tags, tracking_uri=tracking_uri
+            )
+            return RunOutcome(code, output_dir, _recorded_run_id(output_dir))
+    from runjob.train.runner import run_job
+
+    return run_job(job, host, output_dir=output_dir, resume=resume, tags=tags, tracking_uri=tracking_uri)
+
+
+def _recorded_run_id(output_dir: Path | None) -> str | None:
+    from runjob.record.tracking import read_record
+
+    return read_record(output_dir).get("run_id") if output_dir is not None else None
+
+
+def tag_arguments(tags: Mapping[str, str]) -> list[str]:
+    """``--tag KEY=VALUE`` for each tag: how a run started in another process receives them."""
+    return [part for key, value in tags.items() for part in ("--tag", f"{key}={value}")]
+
+
+def parse_tags(texts: Sequence[str]) -> dict[str, Any]:
+    """``["k=v", ...]`` from ``--tag`` into a dict; a text without ``=`` is a user's mistake."""
+    from runjob.errors import RunjobError
+
+    tags = {}
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise RunjobError(f"--tag {text}: a tag must look like KEY=VALUE, e.g. --tag team=vision")
+        tags[key.strip()] = value
+    return tags
