@@ -194,7 +194,7 @@ def build_deepspeed(options: DeepSpeedOptions) -> StrategyPlan:
 
 
 def build_single(options) -> StrategyPlan:
-    return StrategyPlan(max_processes=1, expected_distributed_types=ONE_PROCESS)
+    return StrategyPlan(expected_distributed_types=ONE_PROCESS)  # one process: stated at registration
 
 
 @hookimpl
@@ -207,12 +207,17 @@ def runjob_register_strategies(register):
         description="DistributedDataParallel across processes (plain training in one process)",
     )
     register(
-        "fsdp", build_fsdp, options=FSDPOptions, description="Fully Sharded Data Parallel (FSDP2 by default; CUDA)"
+        "fsdp",
+        build_fsdp,
+        options=FSDPOptions,
+        description="Fully Sharded Data Parallel (FSDP2 by default; CUDA)",
+        needs_gpu=True,
     )
     register(
         "deepspeed",
         build_deepspeed,
         options=DeepSpeedOptions,
         description="DeepSpeed ZeRO stages 0-3 (CUDA; the deepspeed extra)",
+        needs_gpu=True,
     )
-    register("single", build_single, description="one process, no distributed wrapping")
+    register("single", build_single, description="one process, no distributed wrapping", max_processes=1)

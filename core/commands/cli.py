@@ -202,14 +202,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from runjob.host.components import PLURALS
+    from runjob.host.kinds import BY_NAME
     from runjob.host.plugin_host import load_plugins
 
     host = load_plugins()
     for info in host.plugins:
         print(f"{info.name}  ({info.distribution} {info.version}, {info.module})")
         for kind, names in sorted(info.registers.items()):
-            text = f"{PLURALS[kind]}: {', '.join(names)}"
+            text = f"{BY_NAME[kind].plural}: {', '.join(names)}"
             print(textwrap.fill(text, width=100, initial_indent="    ", subsequent_indent="        "))
         other_hooks = [h for h in info.hooks if not h.startswith("runjob_register_")]
         if other_hooks:

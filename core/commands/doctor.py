@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runjob.job.plan import fp16_problem
+
 if TYPE_CHECKING:
     from runjob.host.plugin_host import PluginHost
     from runjob.job.validation import ResolvedJob
@@ -108,13 +110,9 @@ def _mixed_precision(job: ResolvedJob, torch: Any) -> Check:
     """fp16 needs CUDA; bf16 on CUDA needs a GPU that supports it."""
     asked = job.train.mixed_precision
     on_cuda = torch.cuda.is_available() and not job.train.cpu
-    if asked == "fp16" and not on_cuda:
-        why = "train.cpu = true" if torch.cuda.is_available() else "no CUDA here"
-        return Check(
-            "mixed precision",
-            "fail",
-            f"train.mixed_precision = 'fp16' needs a GPU ({why}); use 'bf16' (works on CPU) or 'no'",
-        )
+    fp16 = fp16_problem(asked, on_cuda, "train.cpu = true" if torch.cuda.is_available() else "there is no CUDA here")
+    if fp16:
+        return Check("mixed precision", "fail", fp16)
     if asked == "bf16" and on_cuda and not torch.cuda.is_bf16_supported():
         return Check(
             "mixed precision",

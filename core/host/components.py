@@ -15,15 +15,6 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
-KINDS = ("model", "dataset", "optimizer", "scheduler", "strategy")
-PLURALS = {
-    "model": "models",
-    "dataset": "datasets",
-    "optimizer": "optimizers",
-    "scheduler": "schedulers",
-    "strategy": "strategies",
-}
-
 
 class Options(BaseModel):
     """Base class for a component's options: every key of its job-file table except ``name``.
@@ -90,6 +81,8 @@ class Component:
     options: type[Options]
     plugin: str
     description: str = ""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What the component stated at registration (see :class:`runjob.host.kinds.Kind`)."""
 
 
 @dataclass
@@ -158,7 +151,8 @@ class StrategyPlan:
     ``fsdp_plugin``, ``deepspeed_plugin``). ``expected_distributed_types`` lists the names of
     ``accelerate.DistributedType`` values the strategy accepts; the host stops with an error when
     Accelerate set up something else (``requirement`` says what is needed, for that message).
-    ``max_processes`` limits how many processes the strategy supports (``None``: any).
+    ``max_processes`` limits how many processes the strategy supports (``None``: any); state it at
+    registration instead (``register(..., max_processes=N)``), where ``runjob validate`` sees it too.
     """
 
     accelerator_kwargs: dict[str, Any] = field(default_factory=dict)

@@ -87,6 +87,11 @@ def runjob_register_strategies(register):
     objects (kwargs handlers, an FSDP or DeepSpeed plugin) the host passes to ``Accelerator``, and
     the distributed type the strategy expects, which the host checks against what Accelerate
     actually set up.
+
+    A strategy also states, as keywords of ``register``, what ``runjob validate`` should know
+    before anything is built: ``needs_gpu=True`` when it runs only on CUDA GPUs (validate then
+    warns on a machine without one), ``max_processes=N`` when it runs at most N processes (validate
+    warns, and a run with more stops). Built-in and third-party strategies get the same warnings.
     """
 
 

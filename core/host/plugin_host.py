@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import importlib.metadata
+import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +18,8 @@ from typing import Any
 import pluggy
 
 from runjob.host import hookspecs
-from runjob.host.components import KINDS, PLURALS, Component, NoOptions, Options
+from runjob.host.components import Component, NoOptions, Options
+from runjob.host.kinds import BY_NAME, KINDS, checked_facts
 
 ENTRY_POINT_GROUP = "runjob"
 
@@ -55,7 +58,7 @@ class PluginHost:
         self.manager.add_hookspecs(hookspecs)
         self.plugins: list[PluginInfo] = []
         self.failures: list[PluginFailure] = []
-        self.components: dict[str, dict[str, Component]] = {kind: {} for kind in KINDS}
+        self.components: dict[str, dict[str, Component]] = {kind.name: {} for kind in KINDS}
         self.duplicates: dict[tuple[str, str], list[Component]] = {}
 
     @property
@@ -64,24 +67,39 @@ class PluginHost:
         return self.manager.hook
 
     def add_plugin(self, plugin: object, info: PluginInfo) -> None:
-        """Register ``plugin`` and collect its components; a broken plugin becomes a failure."""
+        """Register ``plugin`` and collect its components. A broken plugin (a hook with an argument
+        its specification lacks, a misspelt hook, a registration that raises) becomes a failure,
+        recorded with the reason; the other plugins and every job that does not need it go on."""
         try:
             self.manager.register(plugin, name=info.name)
-        except ValueError as error:  # the name or object is registered already
-            self._fail(info, f"{error}")
-            return
-        try:
             self.manager.check_pending()
             found = self._collect_components(info.name)
         except Exception as error:  # noqa: BLE001 - any plugin bug is reported, not raised
-            self.manager.unregister(name=info.name)
-            self._fail(info, f"{type(error).__name__}: {error}")
+            if self.manager.get_plugin(info.name) is plugin:
+                self.manager.unregister(name=info.name)
+            self._fail(info, self._reason(error))
             return
         info.hooks = sorted(impl_hook for impl_hook in self._hook_names(info.name))
         for component in found:
             info.registers.setdefault(component.kind, []).append(component.name)
             self._add_component(component)
         self.plugins.append(info)
+
+    def _reason(self, error: Exception) -> str:
+        """One line saying what is wrong with a plugin, with the nearest real hook for a misspelt one."""
+        if not isinstance(error, pluggy.PluginValidationError):
+            return f"{type(error).__name__}: {error}".splitlines()[0]
+        text = " ".join(line.strip() for line in str(error).splitlines())
+        unknown = re.match(r"unknown hook '(\w+)'", text)
+        if unknown:
+            known = [name for name in vars(hookspecs) if name.startswith("runjob_")]
+            close = difflib.get_close_matches(unknown[1], known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else f"; runjob's hooks are {', '.join(known)}"
+            return f"unknown hook {unknown[1]!r}{hint}"
+        spec = re.search(r"for hook '(\w+)'", text)
+        if spec and hasattr(hookspecs, spec[1]):
+            text += f" (the specification is {spec[1]}{inspect.signature(getattr(hookspecs, spec[1]))})"
+        return text
 
     def _fail(self, info: PluginInfo, error: str) -> None:
         self.failures.append(
@@ -96,10 +114,10 @@ class PluginHost:
         """Call this plugin's registration hooks; nothing is kept if one of them raises."""
         found: list[Component] = []
         for kind in KINDS:
-            caller = getattr(self.manager.hook, f"runjob_register_{PLURALS[kind]}")
+            caller = getattr(self.manager.hook, kind.hook)
             for impl in caller.get_hookimpls():
                 if impl.plugin_name == plugin_name:
-                    register = _register_into(found, kind, plugin_name)
+                    register = _register_into(found, kind.name, plugin_name)
                     impl.function(*[{"register": register}[arg] for arg in impl.argnames])
         return found
 
@@ -132,16 +150,21 @@ class PluginHost:
             message += f"; did you mean {' or '.join(repr(c) for c in close)}?"
         else:
             message += "."
-        message += f" Known {PLURALS[kind]}: {', '.join(known) if known else 'none'}"
-        if self.failures:
+        if self.failures:  # before the list of names, which can be long
             broken = "; ".join(f"{f.name} ({f.error})" for f in self.failures)
-            message += f". Plugins that failed to load, which may have provided it: {broken}"
+            message += f" Plugins that failed to load, which may have provided it: {broken}."
+        message += f" Known {BY_NAME[kind].plural}: {', '.join(known) if known else 'none'}"
         raise ComponentLookupError(message)
 
 
 def _register_into(found: list[Component], kind: str, plugin_name: str) -> Callable[..., None]:
     def register(
-        name: str, factory: Callable[..., Any], *, options: type[Options] | None = None, description: str = ""
+        name: str,
+        factory: Callable[..., Any],
+        *,
+        options: type[Options] | None = None,
+        description: str = "",
+        **facts: Any,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"a {kind} name must be a non-empty string, got {name!r}")
@@ -149,7 +172,8 @@ def _register_into(found: list[Component], kind: str, plugin_name: str) -> Calla
             raise TypeError(f"{kind} {name!r}: factory {factory!r} is not callable")
         if options is not None and not (isinstance(options, type) and issubclass(options, Options)):
             raise TypeError(f"{kind} {name!r}: options must be a subclass of runjob.Options")
-        found.append(Component(kind, name, factory, options or NoOptions, plugin_name, description))
+        stated = checked_facts(BY_NAME[kind], name, facts)
+        found.append(Component(kind, name, factory, options or NoOptions, plugin_name, description, stated))
 
     return register
 

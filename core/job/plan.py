@@ -6,8 +6,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-NEEDS_GPU = {"fsdp": "FSDP", "deepspeed": "DeepSpeed"}
-
 
 def gpu_driver_present() -> bool:
     """Whether this machine shows an NVIDIA driver (without importing torch, which is slow)."""
@@ -36,18 +34,33 @@ def plan_lines(job: Any, has_gpu: bool | None = None) -> list[str]:
     return lines + [f"warning: {w}" for w in plan_warnings(job, has_gpu)]
 
 
+def fp16_problem(mixed_precision: str, on_cuda: bool, where: str = "none is used here") -> str | None:
+    """The one message for fp16 without a GPU (validate's plan, doctor and the run itself say it),
+    or None when the precision can run. ``where`` says why no GPU is used."""
+    if mixed_precision != "fp16" or on_cuda:
+        return None
+    return (
+        f"train.mixed_precision = 'fp16' needs a GPU and {where}: on a CPU Accelerate would silently train "
+        "in fp32. Use 'bf16' (works on a CPU) or 'no'"
+    )
+
+
 def plan_warnings(job: Any, has_gpu: bool) -> list[str]:
-    """What would stop the run (or waste it) on this machine, known without importing torch."""
+    """What would stop the run (or waste it) on this machine, known without importing torch: the
+    precision, and what the strategy stated when it was registered (GPUs, processes)."""
     warnings = []
     on_cpu = job.train.cpu or not has_gpu
-    if job.train.mixed_precision == "fp16" and on_cpu:
+    fp16 = fp16_problem(job.train.mixed_precision, not on_cpu)
+    if fp16:
+        warnings.append(f"{fp16}: this run would stop")
+    strategy = job.strategy
+    if strategy.component.facts.get("needs_gpu") and on_cpu:
         warnings.append(
-            "mixed_precision = 'fp16' needs a CUDA GPU and none is used here: this run would stop (use 'bf16' on a CPU)"
+            f"strategy '{strategy.name}' needs CUDA GPUs and none is used here: this run would stop (it runs on a GPU machine)"
         )
-    if job.strategy.name in NEEDS_GPU and on_cpu:
+    most = strategy.component.facts.get("max_processes")
+    if most is not None and job.launch.num_processes > most:
         warnings.append(
-            f"strategy '{job.strategy.name}' needs CUDA GPUs and none is used here: this run would stop (it runs on a GPU machine)"
+            f"strategy '{strategy.name}' runs at most {most} process(es), but launch.num_processes = {job.launch.num_processes}"
         )
-    if job.strategy.name == "single" and job.launch.num_processes > 1:
-        warnings.append("strategy 'single' runs one process, but launch.num_processes > 1")
     return warnings

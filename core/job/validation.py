@@ -16,11 +16,11 @@ from pydantic import BaseModel, ValidationError
 
 from runjob.errors import JobError, Problem
 from runjob.host.components import Component, Options
+from runjob.host.kinds import BY_NAME as KINDS
+from runjob.host.kinds import NAMES as COMPONENT_TABLES
 from runjob.host.plugin_host import ComponentLookupError, PluginHost
 from runjob.job.jobfile import RawJob, load_job
 from runjob.job.schema import (
-    COMPONENT_TABLES,
-    DEFAULT_COMPONENTS,
     HOST_TABLES,
     SWEEP_TABLE,
     TABLE_ORDER,
@@ -146,7 +146,7 @@ def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem]) 
     values = _component_table(raw, table, problems)
     if values is None:
         return None
-    name = values.pop("name", DEFAULT_COMPONENTS.get(table))
+    name = values.pop("name", KINDS[table].default)
     if name is None:
         origin = raw.origin(table)
         known = ", ".join(sorted(host.components[table]))

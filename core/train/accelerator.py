@@ -11,6 +11,7 @@ from typing import Any
 
 from runjob.errors import TrainingError
 from runjob.host.components import StrategyPlan
+from runjob.job.plan import fp16_problem
 from runjob.train.data_loading import pins_memory
 from runjob.train.launcher import launched_processes
 
@@ -56,11 +57,9 @@ def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
     problems = []
     device = accelerator.device.type
     asked = job.train.mixed_precision
-    if asked == "fp16" and device == "cpu":
-        problems.append(
-            "train.mixed_precision = 'fp16' needs a GPU; on this CPU Accelerate would silently train in fp32. "
-            "Use 'bf16' (works on CPU) or 'no'"
-        )
+    fp16 = fp16_problem(asked, device == "cuda", "this run uses the CPU")
+    if fp16:
+        problems.append(fp16)
     elif accelerator.mixed_precision != asked:
         problems.append(f"train.mixed_precision = {asked!r}, but Accelerate set up {accelerator.mixed_precision!r}")
     processes = accelerator.num_processes
@@ -69,9 +68,10 @@ def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
             f"{launched_processes()} processes were launched (WORLD_SIZE), but Accelerate set up {processes}"
         )
     strategy = job.strategy.name
-    if plan.max_processes is not None and processes > plan.max_processes:
+    limits = [m for m in (job.strategy.component.facts.get("max_processes"), plan.max_processes) if m is not None]
+    if limits and processes > min(limits):
         problems.append(
-            f"strategy.name = {strategy!r} runs at most {plan.max_processes} process(es), but {processes} were started"
+            f"strategy.name = {strategy!r} runs at most {min(limits)} process(es), but {processes} were started"
         )
     actual = accelerator.distributed_type.name
     if plan.expected_distributed_types and actual not in plan.expected_distributed_types:

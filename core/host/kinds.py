@@ -1,0 +1,77 @@
+"""The one table of component kinds. Everything that lists kinds (the registration hooks the host
+calls, the job-file tables, defaults, ``runjob plugins``) reads it from here, so a new kind is one
+row below plus its ``runjob_register_<plural>`` specification in :mod:`runjob.host.hookspecs`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Fact:
+    """Something a component states about itself when it is registered (``register(..., NAME=value)``),
+    so the host knows it before building anything: ``runjob validate`` warns with it."""
+
+    type: type | tuple[type, ...]
+    default: Any
+    doc: str
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of component: its job-file table (``[name]``), the plural that names its registration
+    hook, the component used when a job's table names none, and the facts its components may state."""
+
+    name: str
+    plural: str
+    default: str | None = None
+    facts: dict[str, Fact] = field(default_factory=dict)
+
+    @property
+    def hook(self) -> str:
+        """The registration hook's name: ``runjob_register_<plural>``."""
+        return f"runjob_register_{self.plural}"
+
+
+KINDS: tuple[Kind, ...] = (
+    Kind("model", "models"),
+    Kind("dataset", "datasets"),
+    Kind("optimizer", "optimizers", default="adamw"),
+    Kind("scheduler", "schedulers", default="none"),
+    Kind(
+        "strategy",
+        "strategies",
+        default="ddp",
+        facts={
+            "needs_gpu": Fact(bool, False, "it runs only on CUDA GPUs (validate warns on a machine without one)"),
+            "max_processes": Fact((int, type(None)), None, "the most processes it runs (None: any)"),
+        },
+    ),
+)
+BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+
+
+def checked_facts(kind: Kind, name: str, given: dict[str, Any]) -> dict[str, Any]:
+    """Every fact of ``kind`` for component ``name``: the ones given, checked, and the defaults.
+    Raises TypeError (recorded as the plugin's failure) for a fact the kind does not have."""
+    unknown = sorted(set(given) - set(kind.facts))
+    if unknown:
+        accepted = ", ".join(kind.facts) or "none"
+        raise TypeError(
+            f"{kind.name} {name!r}: register() got unknown fact(s) {', '.join(unknown)}; {kind.plural} take: {accepted}"
+        )
+    facts = {}
+    for key, fact in kind.facts.items():
+        value = given.get(key, fact.default)
+        types = _types(fact)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):  # True is an int
+            raise TypeError(f"{kind.name} {name!r}: {key} = {value!r} is not valid ({fact.doc})")
+        facts[key] = value
+    return facts
+
+
+def _types(fact: Fact) -> tuple[type, ...]:
+    return fact.type if isinstance(fact.type, tuple) else (fact.type,)
