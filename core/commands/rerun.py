@@ -13,6 +13,7 @@ from typing import Any
 
 from runjob.commands.arguments import overrides_from
 from runjob.errors import RunjobError
+from runjob.job.keys import flat
 from runjob.job.redaction import HIDDEN
 from runjob.record.store import download_job, get_run, open_store, reading
 from runjob.record.tracking import resolve_tracking_uri
@@ -29,15 +30,9 @@ def _is_hidden(value: Any) -> bool:
     return False
 
 
-def hidden_keys(tables: dict[str, Any], prefix: str = "") -> list[str]:
+def hidden_keys(tables: dict[str, Any]) -> list[str]:
     """The dotted keys of ``tables`` whose values were hidden (``***``) when the job was recorded."""
-    keys = []
-    for key, value in tables.items():
-        if isinstance(value, dict):
-            keys.extend(hidden_keys(value, f"{prefix}{key}."))
-        elif _is_hidden(value):
-            keys.append(f"{prefix}{key}")
-    return keys
+    return [key for key, value in flat(tables).items() if _is_hidden(value)]
 
 
 def _check_secrets_given(job: dict[str, Any], overrides: list[str], run_id: str) -> None:

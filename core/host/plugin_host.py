@@ -96,9 +96,11 @@ class PluginHost:
             close = difflib.get_close_matches(unknown[1], known, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else f"; runjob's hooks are {', '.join(known)}"
             return f"unknown hook {unknown[1]!r}{hint}"
+        extra = re.search(r"definition: (\S.*?\)) Argument\(s\) \{(.*?)\} are declared in the hookimpl", text)
         spec = re.search(r"for hook '(\w+)'", text)
-        if spec and hasattr(hookspecs, spec[1]):
-            text += f" (the specification is {spec[1]}{inspect.signature(getattr(hookspecs, spec[1]))})"
+        if extra and spec and hasattr(hookspecs, spec[1]):
+            expected = f"{spec[1]}{inspect.signature(getattr(hookspecs, spec[1]))}"
+            return f"hook {extra[1]} takes {extra[2]}, which the specification {expected} does not have"
         return text
 
     def _fail(self, info: PluginInfo, error: str) -> None:

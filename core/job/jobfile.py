@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import JobError, Problem
+from runjob.job.keys import flat
 
 OVERRIDE_SOURCE = "--set"
 
@@ -106,14 +107,8 @@ def parse_toml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     return data, key_lines(text)
 
 
-def _leaf_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        keys.append(dotted)
-        if isinstance(value, dict):
-            keys.extend(_leaf_keys(value, dotted + "."))
-    return keys
+def _leaf_keys(data: dict[str, Any]) -> list[str]:
+    return list(flat(data, tables_too=True))
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from runjob.host.kinds import BY_NAME as KINDS
 from runjob.host.kinds import NAMES as COMPONENT_TABLES
 from runjob.host.plugin_host import ComponentLookupError, PluginHost
 from runjob.job.jobfile import RawJob, load_job
+from runjob.job.keys import flat
 from runjob.job.schema import (
     HOST_TABLES,
     SWEEP_TABLE,
@@ -267,16 +268,10 @@ def _sweep_parameters(
     return parameters
 
 
-def _flatten_parameters(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten_parameters(table: dict[str, Any]) -> dict[str, Any]:
     """``{"optimizer": {"lr": [...]}}`` (unquoted dotted keys) -> ``{"optimizer.lr": [...]}``;
     a table with ``low`` or ``high`` is a range, not a level of keys."""
-    flat: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, dict) and value and not {"low", "high"} & value.keys():
-            flat.update(_flatten_parameters(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+    return flat(table, leaf=lambda value: bool({"low", "high"} & value.keys()))
 
 
 def load_resolved(path: str | Path, overrides: list[str] | tuple[str, ...], host: PluginHost) -> ResolvedJob:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import TrackingError, user_message
+from runjob.job.keys import flat, value_text
 
 RUN_RECORD = "mlflow_run.json"  # the run's local record: which MLflow run, params, tags, artifacts, status
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
@@ -39,17 +40,14 @@ HTTP_DEFAULTS = {
 
 def flatten(tables: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """``{"optimizer": {"lr": 0.1}}`` -> ``{"optimizer.lr": "0.1"}``; lists as JSON, long values cut."""
-    flat: dict[str, str] = {}
-    for key, value in tables.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, dotted + "."))
-            continue
-        text = json.dumps(value) if isinstance(value, (list, dict, bool)) else str(value)
-        if len(text) > MAX_PARAM_LENGTH:
-            text = text[: MAX_PARAM_LENGTH - len(TRUNCATED)] + TRUNCATED
-        flat[dotted] = text
-    return flat
+    return {key: _param_text(value) for key, value in flat(tables, prefix=prefix).items()}
+
+
+def _param_text(value: Any) -> str:
+    text = value_text(value)
+    if len(text) > MAX_PARAM_LENGTH:  # an MLflow limit; the whole value is in job.toml
+        text = text[: MAX_PARAM_LENGTH - len(TRUNCATED)] + TRUNCATED
+    return text
 
 
 def read_record(output_dir: Path) -> dict[str, Any]:

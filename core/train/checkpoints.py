@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError
+from runjob.job.keys import flat, value_text
 
 STATE_FILE = "runjob_state.json"
 SCHEDULER_FILE = "scheduler.pt"
@@ -143,17 +144,19 @@ def without_compile(model: Any) -> Any:
     return model._orig_mod if is_compiled_module(model) else model
 
 
+def _shown(values: dict[str, Any], key: str) -> str:
+    return value_text(values[key]) if key in values else "(unset)"
+
+
 def compare_jobs(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Differences between the checkpoint's job and this one: (refused, allowed), as
     ``key: old -> new`` lines."""
-    from runjob.record.tracking import flatten
-
-    old, new = flatten(saved), flatten(current)
+    old, new = flat(saved), flat(current)  # the whole values, not MLflow's params (cut at 6,000 characters)
     refused, allowed = [], []
     for key in sorted(set(old) | set(new)):
         if old.get(key) == new.get(key):
             continue
-        line = f"{key}: {old.get(key, '(unset)')} -> {new.get(key, '(unset)')}"
+        line = f"{key}: {_shown(old, key)} -> {_shown(new, key)}"
         blocking = any(key == m or key.startswith(m + ".") for m in MUST_MATCH) and key not in LOADER_KEYS
         (refused if blocking else allowed).append(line)
     return refused, allowed
