@@ -70,3 +70,16 @@ def user_message(error: BaseException) -> str:
         prefix, sep, rest = last.partition(": ")
         text = rest if sep and "Error" in prefix else last
     return text
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message as the user should read it (see :func:`user_message`);
+    empty when it has none."""
+    lines = user_message(error).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def describe(error: BaseException) -> str:
+    """``error`` in one line: ``'TypeName: first line of the message'``, or the type name alone."""
+    line = first_line(error)
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__

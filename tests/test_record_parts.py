@@ -68,7 +68,7 @@ def test_flops_are_counted_on_a_shapes_only_model():
 
 
 def test_sync_reads_every_point_and_leaves_out_only_a_torn_last_line(tmp_path):
-    from runjob.record.sync import read_metric_points
+    from runjob.record.local import read_metric_points
 
     lines = [json.dumps({"key": "train/loss", "value": 1.0 / s, "step": s, "timestamp": 1000 + s}) for s in range(1, 4)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + '\n{"key": "train/lo')

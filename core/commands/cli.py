@@ -245,7 +245,7 @@ def _command(name: str):
     elif name == "rerun":
         from runjob.commands import rerun as module
     elif name == "sync":
-        from runjob.record import sync as module
+        from runjob.commands import sync as module
     else:
         from runjob.commands import sweep as module
     return getattr(module, f"cmd_{name}")

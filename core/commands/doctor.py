@@ -13,14 +13,14 @@ import os
 import platform
 import shutil
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runjob.errors import describe
 from runjob.job.plan import fp16_problem
+from runjob.record.tracking import probe_health, sqlite_path, tracking_uri_and_source
 
 if TYPE_CHECKING:
     from runjob.host.plugin_host import PluginHost
@@ -44,12 +44,6 @@ class Check:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
-
-
-def _one_line(error: BaseException) -> str:
-    """``'TypeName: first line of the message'``."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _gib(size: int) -> str:
@@ -179,20 +173,9 @@ def check_shared_memory(job: ResolvedJob | None = None) -> list[Check]:
     return [Check("/dev/shm", "ok", f"{size} (under 1 GiB with num_workers > 0 would be a warning)")]
 
 
-def tracking_uri(job: ResolvedJob | None = None) -> tuple[str, str]:
-    """The MLflow tracking URI a run would use and where it came from."""
-    if job is not None and job.tracking.uri:
-        return job.tracking.uri, "tracking.uri"
-    if os.environ.get("MLFLOW_TRACKING_URI"):
-        return os.environ["MLFLOW_TRACKING_URI"], "$MLFLOW_TRACKING_URI"
-    import mlflow
-
-    return mlflow.get_tracking_uri(), "MLflow's default"
-
-
 def check_tracking(job: ResolvedJob | None = None) -> list[Check]:
     """The tracking URI is reachable: an http(s) server answers /health, a sqlite folder is writable."""
-    uri, source = tracking_uri(job)
+    uri, source = tracking_uri_and_source(job.tracking.uri if job is not None else None)
     scheme = uri.partition(":")[0].lower() if ":" in uri else ""
     if scheme in ("http", "https"):
         return [_check_http(uri, source)]
@@ -205,22 +188,19 @@ def check_tracking(job: ResolvedJob | None = None) -> list[Check]:
 
 def _check_http(uri: str, source: str) -> Check:
     """GET ``<uri>/health`` with a short timeout; anything but an answer is a failure."""
-    url = uri.rstrip("/") + "/health"
-    try:
-        with urllib.request.urlopen(url, timeout=HEALTH_TIMEOUT_S) as response:
-            status = response.status
-    except Exception as error:  # noqa: BLE001 - refused, timed out, HTTP error: all mean unreachable
-        refused = isinstance(error, urllib.error.URLError) and isinstance(error.reason, BaseException)
-        cause = error.reason if refused else error  # "[Errno 111] Connection refused", not "<urlopen error ...>"
+    health = probe_health(uri, HEALTH_TIMEOUT_S)
+    if health.error is not None:  # refused, timed out, an HTTP error: not a server that works
         return Check(
-            "tracking", "fail", f"MLflow at {uri} (from {source}) is unreachable: GET {url}: {_one_line(cause)}"
+            "tracking",
+            "fail",
+            f"MLflow at {uri} (from {source}) is unreachable: GET {health.url}: {describe(health.error)}",
         )
-    return Check("tracking", "ok", f"MLflow at {uri} (from {source}) answered /health with {status}")
+    return Check("tracking", "ok", f"MLflow at {uri} (from {source}) answered /health with {health.status}")
 
 
 def _check_sqlite(uri: str, source: str) -> Check:
     """The database's folder must exist and be writable; no database file is created."""
-    path = uri.removeprefix("sqlite://").partition("?")[0].removeprefix("/")
+    path = sqlite_path(uri) or ""
     if path in ("", ":memory:"):
         return Check("tracking", "warn", f"{uri} (from {source}) is an in-memory database: runs are lost at exit")
     database = Path(path).absolute()
@@ -259,7 +239,7 @@ def _safely(name: str, check: Callable[..., list[Check]], *args: Any) -> list[Ch
     try:
         return check(*args)
     except Exception as error:  # noqa: BLE001 - report it, go on with the other checks
-        return [Check(name, "fail", f"the check failed: {_one_line(error)}")]
+        return [Check(name, "fail", f"the check failed: {describe(error)}")]
 
 
 def collect_checks(job: ResolvedJob | None = None, host: PluginHost | None = None) -> list[Check]:

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import JobError, Problem, RunjobError, Terminated, TrackingError, user_message
+from runjob.errors import JobError, Problem, RunjobError, Terminated, TrackingError, describe
 from runjob.host.plugin_host import PluginHost
 from runjob.job.jobfile import RawJob, apply_override
 from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
 from runjob.job.validation import ResolvedJob, resolve
-from runjob.record.tracking import RUN_RECORD
+from runjob.record.local import last_values, run_id_in
 from runjob.train.entry import tag_arguments
 
 TRIALS_FILE = "trials.json"  # every trial's overrides, status, value and run; in the sweep folder and on the parent run
@@ -289,16 +289,8 @@ def trial_command(job_path: Path, overrides: list[str], trial: Trial, tags: dict
 def read_result(trial: Trial, metric: str) -> None:
     """Fill in ``trial``'s run id and the last value of ``metric`` from its output folder; a
     finished trial without the metric (or with a non-finite one) is failed, saying what it logged."""
-    record = trial.output_dir / RUN_RECORD
-    if record.is_file():
-        trial.run_id = json.loads(record.read_text(encoding="utf-8")).get("run_id")
-    logged: dict[str, float] = {}
-    metrics = trial.output_dir / "metrics.jsonl"
-    if metrics.is_file():
-        for line in metrics.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                item = json.loads(line)
-                logged[item["key"]] = item["value"]
+    trial.run_id = run_id_in(trial.output_dir)
+    logged = last_values(trial.output_dir)
     value = logged.get(metric)
     if value is None:
         trial.status = "failed"
@@ -336,7 +328,7 @@ class ParentRun:
             run = client.create_run(experiment_id(client, experiment), run_name=f"{job.job.name}-sweep", tags=tags)
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
             raise TrackingError(
-                f"cannot record the sweep to MLflow at {uri} (tracking.uri): {_error_line(error)}"
+                f"cannot record the sweep to MLflow at {uri} (tracking.uri): {describe(error)}"
             ) from None
         try:
             params = [Param(k, v) for k, v in sweep_params(job.sweep, total).items()]
@@ -345,7 +337,7 @@ class ParentRun:
         except Exception as error:  # noqa: BLE001
             client.set_terminated(run.info.run_id, status="FAILED")  # a run is never left RUNNING
             raise TrackingError(
-                f"cannot record the sweep to MLflow at {uri} (tracking.uri): {_error_line(error)}"
+                f"cannot record the sweep to MLflow at {uri} (tracking.uri): {describe(error)}"
             ) from None
         return cls(client, run.info.run_id)
 
@@ -367,7 +359,7 @@ class ParentRun:
                 self.client.set_tag(self.run_id, f"runjob.sweep.{key}", value)
             self.client.log_metric(self.run_id, f"best/{metric}", best.value, step=best.index)
         if error is not None:
-            self.client.set_tag(self.run_id, "runjob.error", _error_line(error)[:5000])
+            self.client.set_tag(self.run_id, "runjob.error", describe(error)[:5000])
         self.client.log_text(self.run_id, trials_json(trials), TRIALS_FILE)
         self.client.set_terminated(self.run_id, status=status)
 
@@ -380,11 +372,6 @@ def _job_file_text(job: ResolvedJob) -> str:
 
     hidden = redact_tables(job.source.data)
     return job.source.path.read_text(encoding="utf-8") if hidden == job.source.data else tomli_w.dumps(hidden)
-
-
-def _error_line(error: BaseException) -> str:
-    lines = user_message(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 def sweep_params(sweep: SweepTable, total: int) -> dict[str, str]:
@@ -542,7 +529,7 @@ def _warn_if_mlflow_fails(what: str) -> Iterator[None]:
     try:
         yield
     except Exception as error:  # noqa: BLE001 - MLflow's errors have no common base worth naming
-        print(f"runjob: warning: could not record {what} to MLflow: {_error_line(error)}", file=sys.stderr)
+        print(f"runjob: warning: could not record {what} to MLflow: {describe(error)}", file=sys.stderr)
 
 
 def print_summary(trials: list[Trial], best: Trial | None, total: int, metric: str) -> None:

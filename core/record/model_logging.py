@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import TrainingError
+from runjob.errors import TrainingError, first_line
 
 MODEL_FOLDER = "mlflow_model"
 
@@ -47,9 +47,8 @@ def save_mlflow_model(job: Any, output_dir: Path, first_input: Any) -> Path:
     try:
         mlflow.pytorch.save_model(model, str(folder), input_example=example.numpy(), pip_requirements=requirements)
     except Exception as error:  # noqa: BLE001 - torch.export refuses some models: say so, don't fall back
-        first = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
         raise TrainingError(
-            f"tracking.log_model = 'pt2': torch.export could not export model {job.model.name!r} ({first}); "
+            f"tracking.log_model = 'pt2': torch.export could not export model {job.model.name!r} ({first_line(error)[:300] or type(error).__name__}); "
             "the weights are saved in model.safetensors. Use tracking.log_model = 'pickle' (or 'none')"
         ) from None
     return folder

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import RunjobError, TrackingError
+from runjob.errors import RunjobError, TrackingError, describe
 
 
 def open_store(uri: str):
@@ -18,12 +18,12 @@ def open_store(uri: str):
     silently create an empty one, and every query would then find nothing)."""
     from mlflow import MlflowClient
 
-    from runjob.record.tracking import check_reachable
+    from runjob.record.tracking import check_reachable, sqlite_path
 
     check_reachable(uri, "--tracking-uri or $MLFLOW_TRACKING_URI")
-    if uri.lower().startswith("sqlite:"):
-        path = uri[len("sqlite:") :].removeprefix("//").partition("?")[0].removeprefix("/")
-        if path not in ("", ":memory:") and not Path(path).exists():
+    path = sqlite_path(uri)
+    if path:
+        if path != ":memory:" and not Path(path).exists():
             raise TrackingError(
                 f"no MLflow database at {uri} ({Path(path).absolute()} does not exist); run where you trained, or give --tracking-uri"
             )
@@ -38,10 +38,7 @@ def reading(uri: str) -> Iterator[None]:
     except RunjobError:
         raise
     except Exception as error:  # noqa: BLE001 - unreachable server, bad store: the same to the user
-        lines = str(error).strip().splitlines()
-        raise TrackingError(
-            f"cannot read from MLflow at {uri}: {type(error).__name__}: {lines[0] if lines else ''}"
-        ) from None
+        raise TrackingError(f"cannot read from MLflow at {uri}: {describe(error)}") from None
 
 
 def get_run(client: Any, uri: str, run_id: str) -> Any:

@@ -10,22 +10,23 @@ machine records that machine's system metrics.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
+import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import TrackingError, user_message
+from runjob.errors import TrackingError, describe
 from runjob.job.keys import flat, value_text
+from runjob.record.local import METRICS_FILE, MetricsWriter, RunRecord, now_ms
 
-RUN_RECORD = "mlflow_run.json"  # the run's local record: which MLflow run, params, tags, artifacts, status
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
 REACH_TIMEOUT_S = 5.0  # an unreachable tracking server is reported within this (twice at most)
@@ -50,22 +51,6 @@ def _param_text(value: Any) -> str:
     return text
 
 
-def read_record(output_dir: Path) -> dict[str, Any]:
-    """The local record of the run in ``output_dir`` (``{}`` when there is none)."""
-    path = output_dir / RUN_RECORD
-    if not path.is_file():
-        return {}
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
-def write_record(output_dir: Path, record: dict[str, Any]) -> None:
-    """Replace the local record atomically (a crash leaves the old one or the new one)."""
-    path = output_dir / RUN_RECORD
-    partial = path.with_suffix(".json.tmp")
-    partial.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(partial, path)
-
-
 def bound_http_retries() -> None:
     """MLflow's HTTP retries for this process, as ``HTTP_DEFAULTS`` (the user's own environment
     variables win)."""
@@ -79,26 +64,52 @@ def check_reachable(uri: str, setting: str = "tracking.uri") -> None:
     bound_http_retries()
     if urllib.parse.urlparse(uri).scheme not in ("http", "https"):
         return
-    url = uri.rstrip("/") + "/health"
-    try:
-        with urllib.request.urlopen(url, timeout=REACH_TIMEOUT_S) as answer:
-            answer.read(100)
-    except urllib.error.HTTPError as error:
-        if error.code >= 500:
-            raise TrackingError(
-                f"the MLflow tracking server at {uri} ({setting}) answers {url} with HTTP {error.code}"
-            ) from None
-    except (OSError, ValueError) as error:
-        reason = getattr(error, "reason", error)
+    health = probe_health(uri)
+    if health.status is not None and health.status >= 500:
+        raise TrackingError(
+            f"the MLflow tracking server at {uri} ({setting}) answers {health.url} with HTTP {health.status}"
+        )
+    if health.status is None:  # no answer at all; an HTTP 4xx still means a server is there
+        reason = health.error
         advice = (
             "Start it, fix tracking.uri or $MLFLOW_TRACKING_URI, or set tracking.offline = true to record in the output "
             "folder and upload later with `runjob sync OUTPUT_DIR`"
             if setting == "tracking.uri"
             else "Start it, or give another with --tracking-uri"
         )
-        raise TrackingError(
-            f"cannot reach the MLflow tracking server at {uri} ({setting}): {reason}. {advice}"
-        ) from None
+        raise TrackingError(f"cannot reach the MLflow tracking server at {uri} ({setting}): {reason}. {advice}")
+
+
+@dataclass(frozen=True)
+class Health:
+    """What ``GET <server>/health`` gave: the HTTP status, or the reason there was no answer."""
+
+    url: str
+    status: int | None
+    error: BaseException | None = None
+
+
+def probe_health(uri: str, timeout: float = REACH_TIMEOUT_S) -> Health:
+    """Ask an MLflow server's ``/health`` once, waiting at most ``timeout`` seconds."""
+    url = uri.rstrip("/") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            answer.read(100)
+            return Health(url, answer.status)
+    except urllib.error.HTTPError as error:
+        return Health(url, error.code, error)
+    except (OSError, ValueError) as error:
+        # "[Errno 111] Connection refused", not "<urlopen error [Errno 111] ...>"
+        reason = error.reason if isinstance(getattr(error, "reason", None), BaseException) else error
+        return Health(url, None, reason)
+
+
+def sqlite_path(uri: str) -> str | None:
+    """The database file of a ``sqlite:`` URI (``""`` or ``":memory:"`` for an in-memory one), or
+    None when the URI is not sqlite."""
+    if not uri.lower().startswith("sqlite:"):
+        return None
+    return uri[len("sqlite:") :].removeprefix("//").partition("?")[0].removeprefix("/")
 
 
 def experiment_id(client: Any, name: str) -> str:
@@ -187,7 +198,7 @@ class Uploader:
         try:
             call()
         except Exception as error:  # noqa: BLE001 - recorded, reported at the end of the run
-            self.failure = f"{type(error).__name__}: {_first_line(error)}"[:500]
+            self.failure = describe(error)[:500]
             self.failed_at = what
 
     def close(self, timeout: float) -> bool:
@@ -208,11 +219,10 @@ class Recorder:
         self.run_id: str | None = None
         self.tracking_uri: str | None = None
         self.start_ms: int | None = None  # when the run began (all processes)
-        self.record: dict[str, Any] = {}
-        self._metrics_file = None
+        self.record = RunRecord()
+        self._metrics: MetricsWriter | None = None
         self._client = None
         self._uploader: Uploader | None = None
-        self._lock = threading.Lock()  # metrics come from the loop and the system-metrics thread
 
     @property
     def active(self) -> bool:
@@ -242,22 +252,18 @@ class Recorder:
         from mlflow.entities import Param, RunTag
 
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
-        previous = read_record(self.output_dir) if resuming else {}
-        self.record = previous or {
-            "run_id": None,
-            "tracking_uri": self.tracking_uri,
-            "experiment": experiment,
-            "run_name": run_name,
-            "start_time": _now_ms(),
-            "params": params,
-            "tags": {},
-            "inputs": [],
-            "artifacts": [],
-        }
-        self.record.update(status="RUNNING", end_time=None, offline=bool(tracking.offline))
-        self.record["tags"].update(tags)
-        self._open_metrics("metrics.jsonl")
-        self.run_id = self.record.get("run_id")
+        previous = RunRecord.read(self.output_dir) if resuming else None
+        self.record = previous or RunRecord(
+            tracking_uri=self.tracking_uri,
+            experiment=experiment,
+            run_name=run_name,
+            start_time=now_ms(),
+            params=params,
+        )
+        self.record.status, self.record.end_time, self.record.offline = "RUNNING", None, bool(tracking.offline)
+        self.record.tags.update(tags)
+        self._metrics = MetricsWriter(self.output_dir / METRICS_FILE)
+        self.run_id = self.record.run_id
         if tracking.offline:
             self._save()
             return self.run_id
@@ -268,18 +274,18 @@ class Recorder:
             if created:
                 run = client.create_run(
                     experiment_id(client, experiment),
-                    start_time=self.record["start_time"],
+                    start_time=self.record.start_time,
                     tags=tags,
                     run_name=run_name,
                 )
-                self.run_id = self.record["run_id"] = run.info.run_id
-                self.record["tracking_uri"] = self.tracking_uri
+                self.run_id = self.record.run_id = run.info.run_id
+                self.record.tracking_uri = self.tracking_uri
             else:
                 client.update_run(self.run_id, status="RUNNING")
             self._save()
             client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
             if created:  # a resumed run logged its params when it began; changes are in the tags
-                items = [Param(k, v) for k, v in self.record["params"].items()]
+                items = [Param(k, v) for k, v in self.record.params.items()]
                 for first in range(0, len(items), 100):  # MLflow takes 100 params a call
                     client.log_batch(self.run_id, params=items[first : first + 100])
         except TrackingError:
@@ -288,7 +294,7 @@ class Recorder:
             if self.run_id:
                 self._terminate_quietly("FAILED")
             raise TrackingError(
-                f"cannot record the run to MLflow at {self.tracking_uri} (tracking.uri): {type(error).__name__}: {_first_line(error)}"
+                f"cannot record the run to MLflow at {self.tracking_uri} (tracking.uri): {describe(error)}"
             ) from None
         self._uploader = self._new_uploader()
         if created and previous:
@@ -305,7 +311,7 @@ class Recorder:
         from mlflow import MlflowClient
 
         self.run_id, self.tracking_uri = run_id, tracking_uri
-        self._open_metrics(f"metrics.node{self.machine_rank}.jsonl")
+        self._metrics = MetricsWriter(self.output_dir / f"metrics.node{self.machine_rank}.jsonl")
         if run_id and not offline:
             bound_http_retries()
             self._client = MlflowClient(tracking_uri=tracking_uri)
@@ -314,21 +320,12 @@ class Recorder:
     def _new_uploader(self) -> Uploader:
         return Uploader(lambda metrics: self._client.log_batch(self.run_id, metrics=metrics))
 
-    def _open_metrics(self, name: str) -> None:
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        self._metrics_file = (self.output_dir / name).open("a", encoding="utf-8")
-
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Record ``metrics`` at ``step``: a line each in the metrics file, one batched MLflow call."""
-        if self._metrics_file is None:
+        if self._metrics is None:
             return
-        timestamp = _now_ms()
-        with self._lock:
-            for key, value in metrics.items():
-                self._metrics_file.write(
-                    json.dumps({"key": key, "value": value, "step": step, "timestamp": timestamp}) + "\n"
-                )
-            self._metrics_file.flush()
+        timestamp = now_ms()
+        self._metrics.write(metrics, step, timestamp)
         if self.online:
             from mlflow.entities import Metric
 
@@ -346,7 +343,7 @@ class Recorder:
             return
         from mlflow.entities import RunTag
 
-        self.record["tags"].update(tags)
+        self.record.tags.update(tags)
         self._save()
         if self.online:
             entities = [RunTag(k, str(v)) for k, v in tags.items()]
@@ -356,13 +353,12 @@ class Recorder:
         """Record the file or folder ``path`` (inside the output folder) as an artifact."""
         if not self.active:
             return
-        entry = {"path": str(path.relative_to(self.output_dir)), "artifact_path": artifact_path}
-        if entry not in self.record["artifacts"]:
-            self.record["artifacts"].append(entry)
+        relative = str(path.relative_to(self.output_dir))
+        if self.record.add_artifact(relative, artifact_path):
             self._save()
         if self.online:
             self._uploader.submit(
-                lambda: upload_artifact(self._client, self.run_id, path, artifact_path), f"artifact {entry['path']}"
+                lambda: upload_artifact(self._client, self.run_id, path, artifact_path), f"artifact {relative}"
             )
 
     def log_input(self, dataset: dict[str, str], context: str) -> None:
@@ -370,25 +366,24 @@ class Recorder:
         if not self.active:
             return
         entry = {**dataset, "context": context}
-        if entry not in self.record["inputs"]:
-            self.record["inputs"].append(entry)
+        if entry not in self.record.inputs:
+            self.record.inputs.append(entry)
             self._save()
         if self.online:
             self._uploader.submit(lambda: log_inputs(self._client, self.run_id, [entry]), f"dataset {dataset['name']}")
 
     def end(self, status: str, error: BaseException | None = None) -> None:
         """Close the run as FINISHED, FAILED or KILLED, after everything queued has been sent."""
-        if self._metrics_file is not None:
-            self._metrics_file.close()
-            self._metrics_file = None
-        if self.active and self.record:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        if self.active and self.record.start_time is not None:
             if error is not None:
-                lines = user_message(error).strip().splitlines()
-                self.set_tags({"runjob.error": f"{type(error).__name__}: {lines[0] if lines else ''}"[:5000]})
-            self.record.update(status=status, end_time=_now_ms())
+                self.set_tags({"runjob.error": describe(error)[:5000]})
+            self.record.status, self.record.end_time = status, now_ms()
             self._save()
             if self.online:
-                end_time = self.record["end_time"]
+                end_time = self.record.end_time
                 self._uploader.submit(
                     lambda: self._client.set_terminated(self.run_id, status, end_time), "the run's end"
                 )
@@ -397,10 +392,10 @@ class Recorder:
         sent = self._uploader.close(FINAL_UPLOAD_TIMEOUT_S)
         if not sent and self.active:
             reason = self._uploader.failure or f"still sending after {FINAL_UPLOAD_TIMEOUT_S:.0f} s"
-            self.record["unsynced"] = f"{self._uploader.failed_at or 'upload'}: {reason}"
+            self.record.unsynced = f"{self._uploader.failed_at or 'upload'}: {reason}"
             self._save()
             print(
-                f"runjob: MLflow at {self.tracking_uri} stopped taking the run's record ({self.record['unsynced']}); "
+                f"runjob: MLflow at {self.tracking_uri} stopped taking the run's record ({self.record.unsynced}); "
                 f"training went on and the record is complete in {self.output_dir}: upload it with "
                 f"`runjob sync {self.output_dir}`",
                 flush=True,
@@ -408,7 +403,7 @@ class Recorder:
 
     def _save(self) -> None:
         if self.active:
-            write_record(self.output_dir, self.record)
+            self.record.write(self.output_dir)
 
     def _terminate_quietly(self, status: str) -> None:
         try:
@@ -445,24 +440,54 @@ def log_inputs(client: Any, run_id: str, entries: list[dict[str, str]]) -> None:
     client.log_inputs(run_id, datasets=inputs)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else ""
-
-
 def resolve_tracking_uri(explicit: str | None = None) -> str:
     """``explicit``, else ``$MLFLOW_TRACKING_URI``, else MLflow's default (``sqlite:///mlflow.db``)."""
+    return tracking_uri_and_source(explicit)[0]
+
+
+def tracking_uri_and_source(explicit: str | None = None, setting: str = "tracking.uri") -> tuple[str, str]:
+    """The tracking URI a run would use and where it came from: ``explicit`` (named ``setting``),
+    else ``$MLFLOW_TRACKING_URI``, else MLflow's default."""
     if explicit:
-        return explicit
+        return explicit, setting
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"], "$MLFLOW_TRACKING_URI"
     import mlflow
 
-    return mlflow.get_tracking_uri()
+    return mlflow.get_tracking_uri(), "MLflow's default"
 
 
 def default_experiment(tracking: Any, job_name: str) -> str:
     """``tracking.experiment``, else ``$MLFLOW_EXPERIMENT_NAME``, else the job's name."""
     return tracking.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or job_name
+
+
+def close_failed_run(output_dir: Path, reason: str) -> None:
+    """After a worker failed: note which (``reason``) on the job's run, and mark the run FAILED
+    where rank 0 could not end it (it was stopped too). A run rank 0 finished stays FINISHED. The
+    local record says the same as MLflow, so ``runjob sync`` agrees with it."""
+    record = RunRecord.read(output_dir)
+    if record is None:
+        return
+    record.tags["runjob.worker_failure"] = reason
+    if record.status in ("RUNNING", "KILLED"):
+        record.tags["runjob.error"] = reason
+        record.status, record.end_time = "FAILED", now_ms()
+    record.write(output_dir)
+    if record.run_id is None or record.offline:
+        return
+    from mlflow import MlflowClient
+
+    bound_http_retries()
+    try:
+        client = MlflowClient(tracking_uri=record.tracking_uri)
+        client.set_tag(record.run_id, "runjob.worker_failure", reason)
+        if client.get_run(record.run_id).info.status in ("RUNNING", "KILLED"):
+            client.set_tag(record.run_id, "runjob.error", reason)
+            client.set_terminated(record.run_id, status="FAILED")
+    except Exception as error:  # noqa: BLE001 - the local record has it; sync sends it later
+        print(
+            f"runjob: could not mark MLflow run {record.run_id} FAILED ({describe(error)}); "
+            f"`runjob sync {output_dir}` sends what the local record says",
+            file=sys.stderr,
+        )

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import RunjobError
+from runjob.errors import RunjobError, describe
 from runjob.job.keys import flat, value_text
 
 STATE_FILE = "runjob_state.json"
@@ -115,8 +115,7 @@ def load_checkpoint(run: Any, checkpoint: Path) -> Position:
         if run.scheduler is not None and (checkpoint / SCHEDULER_FILE).exists():
             run.scheduler.load_state_dict(torch.load(checkpoint / SCHEDULER_FILE, weights_only=True))
     except Exception as error:  # noqa: BLE001 - a corrupt or incompatible checkpoint
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise RunjobError(f"cannot load checkpoint {checkpoint}: {type(error).__name__}: {first}") from None
+        raise RunjobError(f"cannot load checkpoint {checkpoint}: {describe(error)}") from None
     return Position(state["step"], state["epoch"], state["batches_done"])
 
 

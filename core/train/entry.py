@@ -56,6 +56,7 @@ def run(
     """
     from runjob.host.plugin_host import load_plugins
     from runjob.job.validation import load_resolved
+    from runjob.record.local import run_id_in
     from runjob.record.outputs import choose_output_dir
     from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
 
@@ -80,16 +81,10 @@ def run(
             code = launch_workers(
                 launch, job_file, list(overrides), output_dir, resume=resume, tags=tags, tracking_uri=tracking_uri
             )
-            return RunOutcome(code, output_dir, _recorded_run_id(output_dir))
+            return RunOutcome(code, output_dir, run_id_in(output_dir))
     from runjob.train.runner import run_job
 
     return run_job(job, host, output_dir=output_dir, resume=resume, tags=tags, tracking_uri=tracking_uri)
-
-
-def _recorded_run_id(output_dir: Path | None) -> str | None:
-    from runjob.record.tracking import read_record
-
-    return read_record(output_dir).get("run_id") if output_dir is not None else None
 
 
 def tag_arguments(tags: Mapping[str, str]) -> list[str]:

@@ -8,7 +8,6 @@ were launched from the environment torchrun sets (``WORLD_SIZE``), as they do un
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError
-from runjob.record.tracking import RUN_RECORD
+from runjob.record.tracking import close_failed_run
 from runjob.train.entry import tag_arguments
 
 
@@ -146,19 +145,3 @@ def launch_workers(
             close_failed_run(output_dir, reason)
         return code or 1
     return 0
-
-
-def close_failed_run(output_dir: Path, reason: str) -> None:
-    """Record which worker failed on the job's MLflow run, and mark it FAILED if rank 0 could not
-    (it was killed too). A run rank 0 finished completely stays FINISHED."""
-    record = output_dir / RUN_RECORD
-    if not record.exists():
-        return
-    info = json.loads(record.read_text())
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=info["tracking_uri"])
-    client.set_tag(info["run_id"], "runjob.worker_failure", reason)
-    if client.get_run(info["run_id"]).info.status in ("RUNNING", "KILLED"):
-        client.set_tag(info["run_id"], "runjob.error", reason)
-        client.set_terminated(info["run_id"], status="FAILED")

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from runjob.errors import Terminated, TrainingError
+from runjob.errors import Terminated, TrainingError, first_line
 from runjob.host.run_context import RunContext
 from runjob.train.checkpoints import Position
 
@@ -52,7 +52,7 @@ def _first_forward(model: Any, inputs: Any, job: Any) -> Any:
     try:
         return model(inputs)
     except RuntimeError as error:
-        first = str(error).strip().splitlines()[0]
+        first = first_line(error)
         raise TrainingError(
             f"model {job.model.name!r} cannot take the inputs of dataset {job.dataset.name!r} "
             f"(a batch of shape {tuple(inputs.shape)}): {first}"
@@ -201,7 +201,7 @@ class TrainingLoop:
             train = self.run.job.train
             raise TrainingError(
                 f"out of memory on {self.run.accelerator.device} at step {self.step + 1} with train.batch_size = {train.batch_size} "
-                f"per process ({str(error).strip().splitlines()[0][:120]}). To use less: a smaller train.batch_size with "
+                f"per process ({first_line(error)[:120]}). To use less: a smaller train.batch_size with "
                 "train.gradient_accumulation_steps to keep the effective batch, train.mixed_precision = 'bf16', "
                 "strategy 'fsdp' (activation_checkpointing, cpu_offload) or 'deepspeed' (zero_stage 2 or 3)"
             ) from None

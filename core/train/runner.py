@@ -160,7 +160,7 @@ def _train(
         )
     sampler = None
     if job.tracking.system_metrics_interval and recorder.role != "none":
-        start_ms = recorder.record.get("start_time") or recorder.start_ms
+        start_ms = recorder.record.start_time or recorder.start_ms
         sampler = SystemMetricsSampler(
             recorder.log_metrics, job.tracking.system_metrics_interval, job.launch.machine_rank, start_ms
         ).start()
@@ -246,7 +246,7 @@ def _start_record(
         tracking_uri=job.tracking.uri or tracking_uri,
         resuming=resuming,
     )
-    shared = [recorder.run_id, recorder.tracking_uri, recorder.record.get("start_time")]
+    shared = [recorder.run_id, recorder.tracking_uri, recorder.record.start_time]
     if accelerator.num_processes > 1:
         from accelerate.utils import broadcast_object_list
 

@@ -1,0 +1,33 @@
+"""``runjob sync OUTPUT_DIR``: upload a run's local record to MLflow."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from runjob.errors import RunjobError
+from runjob.record.local import RUN_RECORD, RunRecord
+from runjob.record.sync import sync_record
+from runjob.record.tracking import check_reachable, resolve_tracking_uri
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    """Upload everything the run in ``args.output_dir`` recorded; safe to repeat."""
+    output_dir: Path = args.output_dir
+    record = RunRecord.read(output_dir)
+    if record is None:
+        raise RunjobError(f"{output_dir}: no {RUN_RECORD} here: not the output folder of a runjob run")
+    uri = resolve_tracking_uri(args.tracking_uri or record.tracking_uri)
+    check_reachable(uri, "--tracking-uri" if args.tracking_uri else f"recorded in {output_dir / RUN_RECORD}")
+    summary = sync_record(output_dir, record, uri)
+    print(
+        f"runjob: synced {output_dir} to MLflow run {summary['run_id']} at {uri}: {summary['params']} params, "
+        f"{summary['tags']} tags, {summary['metrics']} metric points, {summary['artifacts']} artifacts, "
+        f"status {summary['status']}"
+    )
+    if summary["status"] == "RUNNING":
+        print(
+            "runjob: the record says RUNNING: the run is still going, or it was killed before it could record its end "
+            "(`runjob run JOB --output-dir DIR --resume` continues it)"
+        )
+    return 0
