@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runjob.commands.table import render
 from runjob.errors import JobError, Problem, RunjobError, Terminated, TrackingError, describe
 from runjob.host.plugin_host import PluginHost
 from runjob.job.jobfile import RawJob, apply_override
@@ -537,7 +538,7 @@ def print_summary(trials: list[Trial], best: Trial | None, total: int, metric: s
     if not trials:
         return
     keys = list(trials[0].values)
-    rows = [["  trial", "status", metric, *keys, "run"]]
+    rows = []
     for t in trials:
         shown = [f"{v:.4g}" if isinstance(v, float) else toml_value(v) for v in t.values.values()]
         rows.append(
@@ -549,10 +550,9 @@ def print_summary(trials: list[Trial], best: Trial | None, total: int, metric: s
                 t.run_id or "",
             ]
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     print(f"runjob: sweep: {sum(t.status == 'finished' for t in trials)} of {total} trial(s) finished")
-    for row in rows:
-        print("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    for line in render(["  trial", "status", metric, *keys, "run"], rows, indent="  "):
+        print(line)
     if best is not None:
         flags = " ".join(f"--set {shlex.quote(text)}" for text in best.overrides)
         print(f"runjob: best: trial {best.index}, {metric} {best.value:.4f} (run {best.run_id}): {flags}")

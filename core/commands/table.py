@@ -17,9 +17,11 @@ def shorten(text: str, width: int) -> str:
 
 def render(headers: list[str], rows: list[list[str]], right: set[int] = frozenset(), indent: str = "") -> list[str]:
     """A plain-text table: columns two spaces apart, columns in ``right`` right-aligned."""
-    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows)]
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
     lines = []
     for row in [headers, *rows]:
-        cells = [cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        cells = [
+            cell.rjust(w) if i in right else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
         lines.append((indent + "  ".join(cells)).rstrip())
     return lines
