@@ -2,7 +2,8 @@
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
 ``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``ImageTensors``, ``StrategyPlan``, ``RunContext`` and the
-error types. Nothing here imports torch, accelerate or mlflow.
+error types; ``run`` trains a job file from Python, as ``runjob run`` does. Nothing here imports torch,
+accelerate or mlflow.
 """
 
 from importlib import import_module
@@ -22,6 +23,8 @@ _LAZY = {
     "StrategyPlan": "runjob.host.components",
     "require_module": "runjob.host.components",
     "RunContext": "runjob.host.run_context",
+    "run": "runjob.train.entry",
+    "RunOutcome": "runjob.train.entry",
     "RunjobError": "runjob.errors",
     "DataError": "runjob.errors",
     "TrainingError": "runjob.errors",
