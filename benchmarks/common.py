@@ -152,7 +152,7 @@ def steady_rate(step_times: list[float], warmup: int, batch: int) -> dict[str, f
     if steps < 1:
         raise RuntimeError(f"too few steps timed ({len(step_times)}) for {warmup} warm-up steps")
     seconds = window[-1] - window[0]
-    durations = [b - a for a, b in zip(window, window[1:])]
+    durations = [b - a for a, b in zip(window, window[1:], strict=False)]
     return {"samples_per_s": steps * batch / seconds, "median_step_ms": 1000 * median(durations), "steps_timed": steps}
 
 
@@ -186,7 +186,9 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = []
     for n, row in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+        lines.append(
+            "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+        )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -194,6 +196,7 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
 
 def print_machine(info: dict[str, Any]) -> None:
     print(
-        f"{info['date']}  {info['cpu']}, {info['cores']} cores, load average at start {info['load_avg_start']}  git {info['git']}"
+        f"{info['date']}  {info['cpu']}, {info['cores']} cores, load average at start {info['load_avg_start']}  git "
+        f"{info['git']}"
     )
     print(f"command: {info['command']}")

@@ -276,7 +276,7 @@ def gpu_name() -> str:
 def timed_median(points: list[list], key: str, warmup: int) -> float | None:
     """Median of ``key`` over the logging windows that lie wholly after the warm-up steps."""
     steps = sorted({step for k, _, step in points if k == "train/samples_per_s"})
-    starts = dict(zip(steps, [0, *steps[:-1]]))  # each logged window starts after the previous log step
+    starts = dict(zip(steps, [0, *steps[:-1]], strict=True))  # each logged window starts after the previous log step
     values = [value for k, value, step in points if k == key and starts.get(step, 0) >= warmup]
     return common.median(values) if values else None
 
@@ -446,9 +446,9 @@ def main() -> int:
             **common.thread_env(threads),
         }
         print(
-            f"{args.part}: {', '.join(contestants)}; {args.model}{' (CIFAR stem)' if cifar_stem else ''}, batch {batch}, "
-            f"{args.mixed_precision if args.mixed_precision != 'no' else 'fp32'}, {steps} timed steps after {warmup} warm-up, "
-            f"{reps} repetition(s)",
+            f"{args.part}: {', '.join(contestants)}; {args.model}{' (CIFAR stem)' if cifar_stem else ''}, batch "
+            f"{batch}, {args.mixed_precision if args.mixed_precision != 'no' else 'fp32'}, {steps} timed steps after "
+            f"{warmup} warm-up, {reps} repetition(s)",
             flush=True,
         )
         for rep in range(reps):
@@ -472,10 +472,11 @@ def main() -> int:
                 entry["load"].append(load)
                 entry["wall_s"].append(round(answer["process_wall_s"], 1))
                 times = answer["step_times"]
-                entry["step_ms"].append([round(1000 * (b - a), 2) for a, b in zip(times, times[1:])])
+                entry["step_ms"].append([round(1000 * (b - a), 2) for a, b in zip(times, times[1:], strict=False)])
                 print(
                     f"rep {rep + 1}/{reps}  {contestant:<22} {rate['samples_per_s']:9.1f} samples/s  "
-                    f"median step {rate['median_step_ms']:8.1f} ms  load {load}  ({answer['process_wall_s']:.0f} s in all)",
+                    f"median step {rate['median_step_ms']:8.1f} ms  load {load}  ({answer['process_wall_s']:.0f} s in "
+                    "all)",
                     flush=True,
                 )
 
@@ -486,7 +487,7 @@ def main() -> int:
     for contestant in contestants:
         entry = results[contestant]
         rates = entry["samples_per_s"]
-        paired = [r / b for r, b in zip(rates, base_rates)]
+        paired = [r / b for r, b in zip(rates, base_rates, strict=True)]
         mfus = [m for m in entry["mfu"] if m is not None]
         tflops = [t for t in entry["tflops"] if t is not None]
         peaks = [p for p in entry["peak_gib"] if p is not None]
@@ -533,8 +534,9 @@ def main() -> int:
     )
     print(
         f"{args.model}{stem}, 32x32 CIFAR-format random images, batch {batch}, "
-        f"{args.mixed_precision if args.mixed_precision != 'no' else 'fp32'} base, {device}, {threads or 'default'} torch thread(s); "
-        f"{steps} timed steps after {warmup} warm-up, {reps} interleaved repetitions; load at end {info['load_avg_end']}"
+        f"{args.mixed_precision if args.mixed_precision != 'no' else 'fp32'} base, {device}, {threads or 'default'} "
+        f"torch thread(s); {steps} timed steps after {warmup} warm-up, {reps} interleaved repetitions; load at end "
+        f"{info['load_avg_end']}"
     )
     against = "vs baseline" if args.part == "options" else "vs hand-written"
     print(
@@ -563,7 +565,8 @@ def main() -> int:
             "met": ratio >= GOAL_VS_HANDWRITTEN,
         }
         print(
-            f"runjob / hand-written: {ratio:.3f} (ratio of medians), {summary['runjob']['median_of_paired_ratios']:.3f} (paired median); "
+            f"runjob / hand-written: {ratio:.3f} (ratio of medians), "
+            f"{summary['runjob']['median_of_paired_ratios']:.3f} (paired median); "
             f"goal >= {GOAL_VS_HANDWRITTEN:.2f}: {'met' if ratio >= GOAL_VS_HANDWRITTEN else 'not met'} in this run"
         )
     elif cuda and args.model == "resnet18" and cifar_stem:
@@ -577,7 +580,8 @@ def main() -> int:
         }
         print(
             f"fastest: {best.removeprefix('runjob/')} at {rate:,.0f} images/s on one {info.get('gpu', 'GPU')}; "
-            f"goal >= {GOAL_H200_IMAGES_S:,} images/s (ResNet-18, CIFAR stem, one H200): {'met' if rate >= GOAL_H200_IMAGES_S else 'not met'}"
+            f"goal >= {GOAL_H200_IMAGES_S:,} images/s (ResNet-18, CIFAR stem, one H200): "
+            f"{'met' if rate >= GOAL_H200_IMAGES_S else 'not met'}"
         )
 
     settings = {

@@ -11,9 +11,10 @@ steps, through
   optimizer, dataloader)``, forward, ``F.cross_entropy``, ``accelerator.backward``, step, zero_grad.
 
 Two input paths, each for both loops: ``tensor`` (in-memory random tensors through the DataLoader:
-runjob's ``synthetic`` dataset with ``in_memory = false`` and random tensors in a TensorDataset by hand) and ``png`` (torchvision ImageFolder over
-scikit-learn's digits exported as PNG files, decoded with PIL every step; hard links repeat the
-1,437 training images so one epoch covers every timed step).
+runjob's ``synthetic`` dataset with ``in_memory = false`` and random tensors in a TensorDataset by
+hand) and ``png`` (torchvision ImageFolder over scikit-learn's digits exported as PNG files, decoded
+with PIL every step; hard links repeat the 1,437 training images so one epoch covers every timed
+step).
 
 Each repetition is one subprocess (Accelerate's state is one per process); the contestants run
 interleaved. Throughput is samples/s from the end of the warm-up steps to the last step, timed by
@@ -49,7 +50,10 @@ def job_toml(args: argparse.Namespace) -> str:
     if args.input == "tensor":
         # in_memory = false: through the DataLoader as a TensorDataset, the hand-written loop's data path
         # (runjob's in-memory batching is measured against it in fastpath.py)
-        dataset = f'name = "synthetic"\nnum_train = {total * args.batch}\nnum_val = {args.batch}\nimage_size = {args.image_size}\nin_memory = false\n'
+        dataset = (
+            f'name = "synthetic"\nnum_train = {total * args.batch}\nnum_val = {args.batch}\n'
+            f"image_size = {args.image_size}\nin_memory = false\n"
+        )
     else:
         dataset = f'name = "imagefolder"\nroot = "{args.png_root}"\n'
     if args.num_workers:
@@ -261,7 +265,8 @@ def profile(args, contestants, input_path, work, plugin_root, png_root, env) -> 
         )
         stats = pstats.Stats(str(path))
         print(
-            f"\n{contestant} ({input_path}): {args.steps} steps, {stats.total_tt:.2f} s profiled, {1000 * stats.total_tt / args.steps:.1f} ms a step"
+            f"\n{contestant} ({input_path}): {args.steps} steps, {stats.total_tt:.2f} s profiled, "
+            f"{1000 * stats.total_tt / args.steps:.1f} ms a step"
         )
         stats.sort_stats("tottime").print_stats(12)
         print(f"{contestant}: runjob's and Accelerate's own functions in that window, by cumulative time")
@@ -365,7 +370,8 @@ def main() -> int:
                     results[key]["load"].append(load)
                     print(
                         f"rep {rep + 1}/{args.reps}  {key:<17} {rate['samples_per_s']:8.1f} samples/s  "
-                        f"median step {rate['median_step_ms']:7.1f} ms  load {load}  ({answer['process_wall_s']:.0f} s in all)",
+                        f"median step {rate['median_step_ms']:7.1f} ms  load {load}  ({answer['process_wall_s']:.0f} "
+                        "s in all)",
                         flush=True,
                     )
 
@@ -374,7 +380,7 @@ def main() -> int:
         base = results[f"accelerate/{input_path}"]["samples_per_s"]
         for contestant in contestants:
             rates = results[f"{contestant}/{input_path}"]["samples_per_s"]
-            paired = [r / b for r, b in zip(rates, base)]
+            paired = [r / b for r, b in zip(rates, base, strict=True)]
             entry = {
                 "median_samples_per_s": common.median(rates),
                 "ratio_of_medians": common.median(rates) / common.median(base),
@@ -396,8 +402,10 @@ def main() -> int:
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     print()
     print(
-        f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size} inputs, batch {args.batch}, fp32, CPU, {args.threads or 'default'} torch thread(s); "
-        f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end {info['load_avg_end']}"
+        f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size} inputs, batch {args.batch}, fp32, CPU, "
+        f"{args.threads or 'default'} torch thread(s); "
+        f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end "
+        f"{info['load_avg_end']}"
     )
     print(
         common.table(

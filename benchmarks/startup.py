@@ -224,7 +224,8 @@ def main() -> int:
         rows.append([name, common.median(seconds), min(seconds), max(seconds), cold[f"first step ({mode})"], "", ""])
     print()
     print(
-        f"wall seconds, {args.reps} interleaved runs each (load averages at each round's start: {loads}; at end {info['load_avg_end']})"
+        f"wall seconds, {args.reps} interleaved runs each (load averages at each round's start: {loads}; at end "
+        f"{info['load_avg_end']})"
     )
     print(common.table(rows, ["command", "median s", "min", "max", "first (untimed) run", "goal", ""]))
     print()
@@ -251,7 +252,8 @@ def main() -> int:
     )
     print()
     print(
-        "python -X importtime, one run to the first step (own import time of every module, summed by top-level package; importtime itself adds some):"
+        "python -X importtime, one run to the first step (own import time of every module, summed by top-level "
+        "package; importtime itself adds some):"
     )
     imports = breakdown["importtime"]
     print(common.table([[k, v] for k, v in sorted(imports.items(), key=lambda kv: -kv[1])], ["package", "s"]))

@@ -275,7 +275,8 @@ def main() -> int:
                         )
                         note = f"  train/loss points on the server: {answer['server_loss_points']}/{total}"
                     print(
-                        f"rep {rep + 1}/{args.reps}  {mode:<8} {rate['samples_per_s']:8.1f} samples/s  median step {rate['median_step_ms']:7.1f} ms  "
+                        f"rep {rep + 1}/{args.reps}  {mode:<8} {rate['samples_per_s']:8.1f} samples/s  median step "
+                        f"{rate['median_step_ms']:7.1f} ms  "
                         f"load {load}{note}",
                         flush=True,
                     )
@@ -285,7 +286,7 @@ def main() -> int:
 
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     online, offline = results["online"]["samples_per_s"], results["offline"]["samples_per_s"]
-    paired = [on / off for on, off in zip(online, offline)]
+    paired = [on / off for on, off in zip(online, offline, strict=True)]
     ratio = common.median(online) / common.median(offline)
     step_on, step_off = (
         common.median(results["online"]["median_step_ms"]),
@@ -294,8 +295,10 @@ def main() -> int:
     overhead = 1 / ratio - 1  # extra step time, as a fraction of the offline step time
     print()
     print(
-        f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size}, batch {args.batch}, fp32, CPU, {args.threads or 'default'} torch thread(s); log_every 1; "
-        f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end {info['load_avg_end']}"
+        f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size}, batch {args.batch}, fp32, CPU, "
+        f"{args.threads or 'default'} torch thread(s); log_every 1; "
+        f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end "
+        f"{info['load_avg_end']}"
     )
     print(
         common.table(
@@ -322,12 +325,15 @@ def main() -> int:
     )
     verdict = "met" if overhead < GOAL_OVERHEAD else "MISSED"
     print(
-        f"step-time overhead of logging every step: {100 * overhead:+.2f}% (from the ratio of median throughputs; goal < 1%: {verdict}); "
+        f"step-time overhead of logging every step: {100 * overhead:+.2f}% (from the ratio of median throughputs; goal "
+        f"< 1%: {verdict}); "
         f"paired: {100 * (1 / common.median(paired) - 1):+.2f}%"
     )
     print(
-        f"synchronous MlflowClient.log_metric to this server: {calls['log_metric_ms_median']:.1f} ms a call (median of {args.calls}); "
-        f"log_batch of 5 metrics: {calls['log_batch5_ms_median']:.1f} ms, of it {calls['log_batch5_client_cpu_ms_median']:.1f} ms CPU in the calling thread"
+        f"synchronous MlflowClient.log_metric to this server: {calls['log_metric_ms_median']:.1f} ms a call (median of "
+        f"{args.calls}); "
+        f"log_batch of 5 metrics: {calls['log_batch5_ms_median']:.1f} ms, of it "
+        f"{calls['log_batch5_client_cpu_ms_median']:.1f} ms CPU in the calling thread"
     )
     print(f"mlflow server start to /health: {server_start_s:.1f} s")
     summary = {

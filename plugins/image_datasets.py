@@ -80,7 +80,8 @@ class ImageFolderOptions(Options):
             only_train = sorted(set(classes["train"]) - set(classes["val"]))
             only_val = sorted(set(classes["val"]) - set(classes["train"]))
             raise ValueError(
-                f"train/ and val/ must hold the same class folders; only in train: {only_train}, only in val: {only_val}"
+                f"train/ and val/ must hold the same class folders; only in train: {only_train}, only in val: "
+                f"{only_val}"
             )
         return root
 
@@ -221,7 +222,8 @@ def _decoded(folder, options: ImageFolderOptions, flip: bool) -> ImageTensors:
     if len(sizes) > 1:
         raise DataError(
             f"dataset.in_memory = true needs images of one size, but {folder.root} holds {len(sizes)} sizes "
-            f"({', '.join('x'.join(map(str, size)) for size in sizes[:4])}{', ...' if len(sizes) > 4 else ''}): set dataset.image_size"
+            f"({', '.join('x'.join(map(str, size)) for size in sizes[:4])}{', ...' if len(sizes) > 4 else ''}): set "
+            "dataset.image_size"
         )
     return ImageTensors(
         torch.stack(images), torch.tensor(folder.targets, dtype=torch.long), options.mean, options.std, flip=flip

@@ -69,14 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--tracking-uri",
         metavar="URI",
-        help="where to record when the job names no tracking.uri (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)",
+        help=(
+            "where to record when the job names no tracking.uri (default: $MLFLOW_TRACKING_URI, else "
+            "sqlite:///mlflow.db here)"
+        ),
     )
     add_launch_arguments(run)
 
     validate = commands.add_parser(
         "validate",
         help="check a job without running it and print it resolved",
-        description="Check the job completely and print it, defaults filled in, as TOML. Exit 0 if it can run, 2 if not.",
+        description=(
+            "Check the job completely and print it, defaults filled in, as TOML. Exit 0 if it can run, 2 if not."
+        ),
     )
     add_job_arguments(validate)
     add_launch_arguments(validate)
@@ -107,7 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     runs = commands.add_parser(
         "runs",
         help="list recorded runs: status, the job keys that differ, final metrics",
-        description="List MLflow runs with their status, the job keys that differ between them and their final metrics.",
+        description=(
+            "List MLflow runs with their status, the job keys that differ between them and their final metrics."
+        ),
     )
     runs.add_argument("--experiment", metavar="NAME", help="only this experiment's runs (default: all experiments)")
     runs.add_argument("--limit", type=int, default=20, metavar="N", help="the newest N runs (default: 20)")
@@ -125,7 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     rerun = commands.add_parser(
         "rerun",
         help="run a recorded run's job.toml again, tagged as its rerun",
-        description="Fetch RUN_ID's job.toml from MLflow and train it again (with any --set changes); the new run is tagged runjob.rerun_of=RUN_ID.",
+        description=(
+            "Fetch RUN_ID's job.toml from MLflow and train it again (with any --set changes); the new run is tagged "
+            "runjob.rerun_of=RUN_ID."
+        ),
     )
     rerun.add_argument("run_id", metavar="RUN_ID", help="MLflow run id")
     rerun.add_argument(
@@ -145,7 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     sync = commands.add_parser(
         "sync",
         help="upload a run's local record (OUTPUT_DIR) to MLflow",
-        description="Upload everything a run recorded in OUTPUT_DIR (params, tags, every metric point, artifacts, status) to MLflow. Safe to repeat: nothing is logged twice.",
+        description=(
+            "Upload everything a run recorded in OUTPUT_DIR (params, tags, every metric point, artifacts, status) to "
+            "MLflow. Safe to repeat: nothing is logged twice."
+        ),
     )
     sync.add_argument("output_dir", type=Path, metavar="OUTPUT_DIR", help="the run's output folder")
     add_tracking_uri(sync, "the one the run recorded")
@@ -153,7 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = commands.add_parser(
         "sweep",
         help="run the trials of the job's [sweep] table under one parent MLflow run",
-        description="Run one trial per point of the job's [sweep] table, each a child MLflow run of one parent run, and report the best.",
+        description=(
+            "Run one trial per point of the job's [sweep] table, each a child MLflow run of one parent run, and "
+            "report the best."
+        ),
     )
     add_job_arguments(sweep)
     sweep.add_argument(

@@ -111,7 +111,8 @@ def _mixed_precision(job: ResolvedJob, torch: Any) -> Check:
         return Check(
             "mixed precision",
             "fail",
-            f"train.mixed_precision = 'bf16', but {torch.cuda.get_device_name(0)} does not support bf16; use 'fp16' or 'no'",
+            f"train.mixed_precision = 'bf16', but {torch.cuda.get_device_name(0)} does not support bf16; use 'fp16' "
+            "or 'no'",
         )
     return Check("mixed precision", "ok", f"train.mixed_precision = {asked!r} on {'CUDA' if on_cuda else 'the CPU'}")
 

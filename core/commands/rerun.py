@@ -43,7 +43,8 @@ def _check_secrets_given(job: dict[str, Any], overrides: list[str], run_id: str)
     missing = [k for k in hidden_keys(job) if not any(k == g or k.startswith(g + ".") for g in given)]
     if missing:
         raise RunjobError(
-            f"run {run_id}'s job.toml has secrets hidden as {HIDDEN}: {', '.join(missing)}; give them with --set, e.g. --set {missing[0]}=VALUE"
+            f"run {run_id}'s job.toml has secrets hidden as {HIDDEN}: {', '.join(missing)}; give them with --set, e.g. "
+            f"--set {missing[0]}=VALUE"
         )
 
 

@@ -116,7 +116,9 @@ def results_table(runs: list[Any]) -> list[str]:
     lines = []
     if len(columns) > 1:
         right = set(range(1 + shown, len(columns)))
-        lines = render([h for h, _ in columns], [list(row) for row in zip(*(cells for _, cells in columns))], right)
+        lines = render(
+            [h for h, _ in columns], [list(row) for row in zip(*(cells for _, cells in columns), strict=True)], right
+        )
     left_out = keys[shown:]
     if left_out:
         prefix = f"{len(left_out)} {'more ' if shown else ''}job key(s) differ: "

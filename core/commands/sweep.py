@@ -160,7 +160,7 @@ def _refused_combination(job: ResolvedJob, host: PluginHost) -> list[Problem]:
 def grid_points(parameters: dict[str, list[Any] | SweepRange]) -> list[dict[str, Any]]:
     """Every combination of the listed values, the last key varying fastest."""
     keys = list(parameters)
-    return [dict(zip(keys, values)) for values in itertools.product(*(parameters[k] for k in keys))]
+    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(parameters[k] for k in keys))]
 
 
 class GridPlan:
@@ -430,18 +430,21 @@ def _prepare(args: argparse.Namespace) -> tuple[ResolvedJob, GridPlan | OptunaPl
     job = load_resolved(args.job, args.overrides, host)
     if job.sweep is None:
         raise RunjobError(
-            f"{args.job}: has no [sweep] table: add one to say which job keys to try (see the README's [sweep] reference)"
+            f"{args.job}: has no [sweep] table: add one to say which job keys to try (see the README's [sweep] "
+            "reference)"
         )
     check_values(job, host)
     if job.tracking.offline:
         raise RunjobError(
-            "tracking.offline = true: `runjob sweep` records its trials under a parent MLflow run; sweep with tracking.offline = false"
+            "tracking.offline = true: `runjob sweep` records its trials under a parent MLflow run; sweep with "
+            "tracking.offline = false"
         )
     plan = make_plan(job.sweep)
     sweep_dir = choose_output_dir(f"{job.job.name}-sweep", args.output_dir)
     if (sweep_dir / TRIALS_FILE).exists():
         raise RunjobError(
-            f"--output-dir {sweep_dir}: this folder already holds a sweep ({TRIALS_FILE}); choose another so nothing is overwritten"
+            f"--output-dir {sweep_dir}: this folder already holds a sweep ({TRIALS_FILE}); choose another so nothing "
+            "is overwritten"
         )
     sweep_dir.mkdir(parents=True, exist_ok=True)
     return job, plan, sweep_dir
@@ -457,7 +460,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     sweep = job.sweep
     parent = ParentRun.start(job, plan.total, _parent_tags(job, args.overrides, sweep_dir))
     print(
-        f"runjob: sweep of {plan.total} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}: output in {sweep_dir}, MLflow parent run {parent.run_id}",
+        f"runjob: sweep of {plan.total} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}: output in "
+        f"{sweep_dir}, MLflow parent run {parent.run_id}",
         flush=True,
     )
     trials: list[Trial] = []
@@ -520,7 +524,8 @@ def _run_one(
     print(f"{label} -> {outcome}" + (f" (run {trial.run_id})" if trial.run_id else ""), flush=True)
     if code == USER_MISTAKE_EXIT and not signals.signum:
         raise RunjobError(
-            f"sweep trial {trial.index} ({' '.join(trial.overrides)}) stopped with a mistake in the job or its setup (above) that every trial would repeat; the sweep stops"
+            f"sweep trial {trial.index} ({' '.join(trial.overrides)}) stopped with a mistake in the job or its setup "
+            "(above) that every trial would repeat; the sweep stops"
         )
 
 

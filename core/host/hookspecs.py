@@ -49,10 +49,11 @@ def runjob_register_datasets(register):
     and validation ``torch.utils.data.Dataset`` objects (items are ``(input, class_index)`` pairs)
     and the number of classes. A split that fits in memory may instead be a
     ``runjob.ImageTensors`` (one image tensor, labels, normalization, crop and flip): the host then
-    keeps it on the training device and builds each batch there as whole tensors. The host adds the DataLoader keys (``num_workers``, ``pin_memory``,
-    ``persistent_workers``, ``prefetch_factor``) to every dataset table; the options model must
-    not declare them. Validate paths in the options model (e.g. with ``runjob.ExistingDir``) so a
-    missing folder is reported before anything is read.
+    keeps it on the training device and builds each batch there as whole tensors. The host adds
+    the DataLoader keys (``num_workers``, ``pin_memory``, ``persistent_workers``,
+    ``prefetch_factor``) to every dataset table; the options model must not declare them. Validate
+    paths in the options model (e.g. with ``runjob.ExistingDir``) so a missing folder is reported
+    before anything is read.
     """
 
 
@@ -110,10 +111,10 @@ def runjob_run_start(run):
 def runjob_after_step(run, step, epoch, loss):
     """Called on every process after each optimizer step.
 
-    ``run`` is the :class:`runjob.RunContext`; ``step`` is the global optimizer step just finished (1-based), ``epoch`` the 0-based epoch,
-    ``loss`` the step's training loss on this process as a detached 0-dim tensor (the last
-    micro-batch's when accumulating). Calling ``loss.item()`` waits for the device: do it only
-    every few steps, as the host does for ``train.log_every``.
+    ``run`` is the :class:`runjob.RunContext`; ``step`` is the global optimizer step just finished
+    (1-based), ``epoch`` the 0-based epoch, ``loss`` the step's training loss on this process as a
+    detached 0-dim tensor (the last micro-batch's when accumulating). Calling ``loss.item()`` waits
+    for the device: do it only every few steps, as the host does for ``train.log_every``.
     """
 
 
@@ -122,8 +123,9 @@ def runjob_after_log(run, step, metrics):
     """Called on the main process each time training metrics are logged (every ``train.log_every``
     optimizer steps).
 
-    ``run`` is the :class:`runjob.RunContext`, ``step`` the global optimizer step; ``metrics`` maps metric names (``train/loss``, ``lr``, ``train/samples_per_s``) to floats,
-    exactly as sent to MLflow and ``metrics.jsonl`` at ``step``.
+    ``run`` is the :class:`runjob.RunContext`, ``step`` the global optimizer step; ``metrics`` maps
+    metric names (``train/loss``, ``lr``, ``train/samples_per_s``) to floats, exactly as sent to
+    MLflow and ``metrics.jsonl`` at ``step``.
     """
 
 
@@ -131,9 +133,9 @@ def runjob_after_log(run, step, metrics):
 def runjob_after_evaluation(run, epoch, step, metrics):
     """Called on every process after each evaluation over the whole validation set.
 
-    ``run`` is the :class:`runjob.RunContext`; ``epoch`` is the 0-based epoch just evaluated, ``step`` the global optimizer step, and
-    ``metrics`` maps ``val/loss`` and ``val/accuracy`` (a fraction) to floats, identical on every
-    process.
+    ``run`` is the :class:`runjob.RunContext`; ``epoch`` is the 0-based epoch just evaluated,
+    ``step`` the global optimizer step, and ``metrics`` maps ``val/loss`` and ``val/accuracy`` (a
+    fraction) to floats, identical on every process.
     """
 
 
@@ -141,7 +143,8 @@ def runjob_after_evaluation(run, epoch, step, metrics):
 def runjob_run_end(run, status, error):
     """Called once per process when the run ends, whether it finished or failed.
 
-    ``run`` is the :class:`runjob.RunContext`; ``status`` is ``"FINISHED"``, ``"FAILED"`` or ``"KILLED"`` (interrupted); ``error`` is the
-    exception that ended it, or ``None``. Called before the MLflow run is closed. An exception
-    raised here is reported but does not change the run's status.
+    ``run`` is the :class:`runjob.RunContext`; ``status`` is ``"FINISHED"``, ``"FAILED"`` or
+    ``"KILLED"`` (interrupted); ``error`` is the exception that ended it, or ``None``. Called before
+    the MLflow run is closed. An exception raised here is reported but does not change the run's
+    status.
     """

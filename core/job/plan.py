@@ -56,11 +56,13 @@ def plan_warnings(job: Any, has_gpu: bool) -> list[str]:
     strategy = job.strategy
     if strategy.component.facts.get("needs_gpu") and on_cpu:
         warnings.append(
-            f"strategy '{strategy.name}' needs CUDA GPUs and none is used here: this run would stop (it runs on a GPU machine)"
+            f"strategy '{strategy.name}' needs CUDA GPUs and none is used here: this run would stop (it runs on a GPU "
+            "machine)"
         )
     most = strategy.component.facts.get("max_processes")
     if most is not None and job.launch.num_processes > most:
         warnings.append(
-            f"strategy '{strategy.name}' runs at most {most} process(es), but launch.num_processes = {job.launch.num_processes}"
+            f"strategy '{strategy.name}' runs at most {most} process(es), but launch.num_processes = "
+            f"{job.launch.num_processes}"
         )
     return warnings

@@ -53,7 +53,8 @@ class TrainTable(Options):
     channels_last: bool = False
     """Model weights and input batches in channels-last (NHWC) memory: faster convolutions on tensor-core GPUs."""
     compile: bool = False
-    """``torch.compile`` the model (Accelerate's TorchDynamoPlugin, inductor backend); the first steps pay for compiling."""
+    """``torch.compile`` the model (Accelerate's TorchDynamoPlugin, inductor backend); the first steps pay for
+    compiling."""
     compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     """``torch.compile``'s mode, with ``compile = true``."""
     cudnn_benchmark: bool = False

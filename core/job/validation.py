@@ -224,7 +224,10 @@ def _check_sweep(raw: RawJob, problems: list[Problem]) -> SweepTable | None:
         combinations = math.prod(len(choices) for choices in parameters.values())
         if table.trials < combinations:
             origin = raw.origin(f"{SWEEP_TABLE}.trials")
-            message = f"the grid has {combinations} combinations, more than trials = {table.trials}: raise trials or leave it out to run them all"
+            message = (
+                f"the grid has {combinations} combinations, more than trials = {table.trials}: raise trials or leave "
+                "it out to run them all"
+            )
             problems.append(Problem(origin.file, f"{SWEEP_TABLE}.trials", message, origin.line))
     return table if len(problems) == found else None
 
@@ -263,7 +266,10 @@ def _sweep_parameters(
             if checked is not None:
                 parameters[key] = checked
         else:
-            message = f"must be a non-empty list of values to try, or a range {{ low = ..., high = ..., log = false }} (got {spec!r})"
+            message = (
+                "must be a non-empty list of values to try, or a range { low = ..., high = ..., log = false } (got "
+                f"{spec!r})"
+            )
             problems.append(Problem(origin.file, dotted, message, origin.line))
     return parameters
 

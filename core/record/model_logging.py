@@ -48,7 +48,8 @@ def save_mlflow_model(job: Any, output_dir: Path, first_input: Any) -> Path:
         mlflow.pytorch.save_model(model, str(folder), input_example=example.numpy(), pip_requirements=requirements)
     except Exception as error:  # noqa: BLE001 - torch.export refuses some models: say so, don't fall back
         raise TrainingError(
-            f"tracking.log_model = 'pt2': torch.export could not export model {job.model.name!r} ({first_line(error)[:300] or type(error).__name__}); "
+            f"tracking.log_model = 'pt2': torch.export could not export model {job.model.name!r} "
+            f"({first_line(error)[:300] or type(error).__name__}); "
             "the weights are saved in model.safetensors. Use tracking.log_model = 'pickle' (or 'none')"
         ) from None
     return folder

@@ -22,7 +22,8 @@ def choose_output_dir(job_name: str, requested: Path | None) -> Path:
         return candidate
     if (requested / "job.toml").exists():
         raise RunjobError(
-            f"--output-dir {requested}: this folder already holds a run (job.toml); choose another so nothing is overwritten"
+            f"--output-dir {requested}: this folder already holds a run (job.toml); choose another so nothing is "
+            "overwritten"
         )
     if requested.exists() and not requested.is_dir():
         raise RunjobError(f"--output-dir {requested}: exists and is not a folder")

@@ -25,7 +25,8 @@ def open_store(uri: str):
     if path:
         if path != ":memory:" and not Path(path).exists():
             raise TrackingError(
-                f"no MLflow database at {uri} ({Path(path).absolute()} does not exist); run where you trained, or give --tracking-uri"
+                f"no MLflow database at {uri} ({Path(path).absolute()} does not exist); run where you trained, or give "
+                "--tracking-uri"
             )
     return MlflowClient(tracking_uri=uri)
 

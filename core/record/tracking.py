@@ -72,8 +72,8 @@ def check_reachable(uri: str, setting: str = "tracking.uri") -> None:
     if health.status is None:  # no answer at all; an HTTP 4xx still means a server is there
         reason = health.error
         advice = (
-            "Start it, fix tracking.uri or $MLFLOW_TRACKING_URI, or set tracking.offline = true to record in the output "
-            "folder and upload later with `runjob sync OUTPUT_DIR`"
+            "Start it, fix tracking.uri or $MLFLOW_TRACKING_URI, or set tracking.offline = true to record in the "
+            "output folder and upload later with `runjob sync OUTPUT_DIR`"
             if setting == "tracking.uri"
             else "Start it, or give another with --tracking-uri"
         )
@@ -118,7 +118,8 @@ def experiment_id(client: Any, name: str) -> str:
     if experiment is not None:
         if experiment.lifecycle_stage == "deleted":
             raise TrackingError(
-                f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or choose another tracking.experiment"
+                f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or choose another "
+                "tracking.experiment"
             )
         return experiment.experiment_id
     try:
@@ -172,7 +173,7 @@ class Uploader:
                 while pending and pending[0][0] == "metrics" and len(payload) < self.METRICS_PER_CALL:
                     _, more, what = pending.pop(0)
                     payload = payload + more
-                self._attempt(lambda: self._send_metrics(payload[: self.METRICS_PER_CALL]), what)
+                self._attempt(lambda payload=payload: self._send_metrics(payload[: self.METRICS_PER_CALL]), what)
                 if len(payload) > self.METRICS_PER_CALL:
                     pending.insert(0, ("metrics", payload[self.METRICS_PER_CALL :], what))
                 self._last_metrics_sent = time.monotonic()
@@ -299,7 +300,8 @@ class Recorder:
         self._uploader = self._new_uploader()
         if created and previous:
             print(
-                f"runjob: the run began offline; `runjob sync {self.output_dir}` uploads what it recorded before this resume",
+                f"runjob: the run began offline; `runjob sync {self.output_dir}` uploads what it recorded before this "
+                "resume",
                 flush=True,
             )
         return self.run_id

@@ -38,7 +38,8 @@ def build_accelerator(job: Any, plan: StrategyPlan) -> Any:
             cpu=cpu,
             mixed_precision=job.train.mixed_precision,
             gradient_accumulation_steps=job.train.gradient_accumulation_steps,
-            # copies to the GPU overlap with compute when the batch is in pinned memory (dataset.pin_memory, on by default on CUDA)
+            # copies to the GPU overlap with compute when the batch is in pinned memory (dataset.pin_memory, on by
+            # default on CUDA)
             dataloader_config=DataLoaderConfiguration(
                 use_seedable_sampler=True,
                 data_seed=job.job.seed,

@@ -131,9 +131,9 @@ def _check_in_memory_loader(job: Any) -> None:
     ] + ([f"dataset.prefetch_factor = {loader.prefetch_factor}"] if loader.prefetch_factor is not None else [])
     if set_keys:
         raise DataError(
-            f"dataset {job.dataset.name!r} keeps its data in memory and builds each batch on the training device, without DataLoader "
-            f"workers or pinned memory: remove {', '.join(set_keys)} from the job (or turn the dataset's in-memory option off, "
-            "e.g. dataset.in_memory = false)"
+            f"dataset {job.dataset.name!r} keeps its data in memory and builds each batch on the training device, "
+            f"without DataLoader workers or pinned memory: remove {', '.join(set_keys)} from the job (or turn the "
+            "dataset's in-memory option off, e.g. dataset.in_memory = false)"
         )
 
 
@@ -150,7 +150,8 @@ def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any
     if job.train.drop_last and len(splits.train) < global_batch:
         raise DataError(
             f"dataset {dataset_name!r} has {len(splits.train)} training samples, fewer than one batch "
-            f"({job.train.batch_size} x {accelerator.num_processes} processes); lower train.batch_size or set train.drop_last = false"
+            f"({job.train.batch_size} x {accelerator.num_processes} processes); lower train.batch_size or set "
+            "train.drop_last = false"
         )
     in_memory = [isinstance(data, ImageTensors) for data in (splits.train, splits.val)]
     if any(in_memory):

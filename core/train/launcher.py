@@ -43,7 +43,8 @@ def adopt_slurm_environment() -> None:
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if missing:
         raise RunjobError(
-            f"started by srun as {os.environ['SLURM_NTASKS']} tasks, but {' and '.join(missing)} not set: export them in the sbatch script"
+            f"started by srun as {os.environ['SLURM_NTASKS']} tasks, but {' and '.join(missing)} not set: export them "
+            "in the sbatch script"
         )
     os.environ["RANK"] = os.environ["SLURM_PROCID"]
     os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
@@ -124,7 +125,8 @@ def launch_workers(
 
     arguments = torchrun_arguments(launch, job_path, overrides, output_dir, resume, tags, tracking_uri)
     print(
-        f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of {launch.num_machines} (torch.distributed.run)",
+        f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of "
+        f"{launch.num_machines} (torch.distributed.run)",
         file=sys.stderr,
     )
     try:

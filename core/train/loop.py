@@ -130,9 +130,10 @@ class NonFiniteGuard:
         if step >= 0:
             lr = run.optimizer.param_groups[0]["lr"]
             raise TrainingError(
-                f"the loss or the gradients became NaN or infinite at step {step} (train.on_nonfinite = 'stop'). Usual remedies: "
-                f"a lower learning rate (optimizer.lr, now {lr:g}), gradient clipping (train.max_grad_norm = 1.0), "
-                "mixed_precision = 'bf16' instead of 'fp16'; or train.on_nonfinite = 'skip' to skip such steps"
+                f"the loss or the gradients became NaN or infinite at step {step} (train.on_nonfinite = 'stop'). "
+                f"Usual remedies: a lower learning rate (optimizer.lr, now {lr:g}), gradient clipping "
+                "(train.max_grad_norm = 1.0), mixed_precision = 'bf16' instead of 'fp16'; or train.on_nonfinite = "
+                "'skip' to skip such steps"
             )
 
 
@@ -200,10 +201,11 @@ class TrainingLoop:
         except torch.OutOfMemoryError as error:
             train = self.run.job.train
             raise TrainingError(
-                f"out of memory on {self.run.accelerator.device} at step {self.step + 1} with train.batch_size = {train.batch_size} "
-                f"per process ({first_line(error)[:120]}). To use less: a smaller train.batch_size with "
-                "train.gradient_accumulation_steps to keep the effective batch, train.mixed_precision = 'bf16', "
-                "strategy 'fsdp' (activation_checkpointing, cpu_offload) or 'deepspeed' (zero_stage 2 or 3)"
+                f"out of memory on {self.run.accelerator.device} at step {self.step + 1} with train.batch_size = "
+                f"{train.batch_size} per process ({first_line(error)[:120]}). To use less: a smaller "
+                "train.batch_size with train.gradient_accumulation_steps to keep the effective batch, "
+                "train.mixed_precision = 'bf16', strategy 'fsdp' (activation_checkpointing, cpu_offload) or "
+                "'deepspeed' (zero_stage 2 or 3)"
             ) from None
 
     def _fit(self) -> dict[str, float]:

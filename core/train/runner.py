@@ -156,7 +156,8 @@ def _train(
             else ""
         )
         print(
-            f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in {output_dir}{where}{resumed}"
+            f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in "
+            f"{output_dir}{where}{resumed}"
         )
     sampler = None
     if job.tracking.system_metrics_interval and recorder.role != "none":
