@@ -9,6 +9,11 @@ from pathlib import Path
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("job", type=Path, help="the job file (TOML)")
+    add_overrides(parser)
+
+
+def add_overrides(parser: argparse.ArgumentParser) -> None:
+    """``--set TABLE.KEY=VALUE``, repeatable, into ``args.overrides``."""
     parser.add_argument(
         "--set",
         dest="overrides",

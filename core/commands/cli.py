@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-import textwrap
 from pathlib import Path
 
 from runjob.commands.arguments import (
     add_job_arguments,
     add_launch_arguments,
+    add_overrides,
     add_tracking_uri,
-    overrides_from,
 )
 
 COMMANDS = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
@@ -92,14 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Check the environment (and, given a job, what it needs). Exit 1 on a blocking problem.",
     )
     doctor.add_argument("job", type=Path, nargs="?", help="a job file to check the environment against (optional)")
-    doctor.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="TABLE.KEY=VALUE",
-        help="override one job key (repeatable)",
-    )
+    add_overrides(doctor)
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
 
     commands.add_parser(
@@ -138,14 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     rerun.add_argument("run_id", metavar="RUN_ID", help="MLflow run id")
-    rerun.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="TABLE.KEY=VALUE",
-        help="override one job key (repeatable)",
-    )
+    add_overrides(rerun)
     rerun.add_argument(
         "--output-dir", type=Path, help="where the new run's outputs go (default: runs/<job name>/<time>)"
     )
@@ -183,87 +169,13 @@ def _print_problems(message: str) -> None:
         print(f"runjob: {line}", file=sys.stderr)
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.plan import plan_lines
-    from runjob.job.validation import load_resolved
-
-    host = load_plugins()
-    job = load_resolved(args.job, overrides_from(args), host)
-    if job.sweep is not None:
-        from runjob.commands.sweep import check_values
-
-        check_values(job, host)
-        _note_sweep("the resolved job printed is the base job, without it (its values were checked)")
-    sys.stdout.write(job.to_toml())
-    for line in plan_lines(job):  # stderr, so stdout stays the resolved job alone
-        print(f"runjob: plan: {line}", file=sys.stderr)
-    return 0
-
-
-def _note_sweep(what_happens: str) -> None:
-    print(f"runjob: note: the job's [sweep] table is used by `runjob sweep`; {what_happens}", file=sys.stderr)
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from runjob.commands.doctor import collect_checks, exit_code, report_json, report_text
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.validation import load_resolved
-
-    host = load_plugins()
-    job = load_resolved(args.job, args.overrides, host) if args.job else None
-    checks = collect_checks(job, host)
-    print(report_json(checks) if args.json else report_text(checks))
-    return exit_code(checks)
-
-
-def cmd_plugins(args: argparse.Namespace) -> int:
-    from runjob.host.kinds import BY_NAME
-    from runjob.host.plugin_host import load_plugins
-
-    host = load_plugins()
-    for info in host.plugins:
-        print(f"{info.name}  ({info.distribution} {info.version}, {info.module})")
-        for kind, names in sorted(info.registers.items()):
-            text = f"{BY_NAME[kind].plural}: {', '.join(names)}"
-            print(textwrap.fill(text, width=100, initial_indent="    ", subsequent_indent="        "))
-        other_hooks = [h for h in info.hooks if not h.startswith("runjob_register_")]
-        if other_hooks:
-            print(f"    hooks: {', '.join(other_hooks)}")
-    for (kind, name), owners in sorted(host.duplicates.items()):
-        print(f"CONFLICT: {kind} {name!r} is registered by {' and '.join(host.plugin_label(c.plugin) for c in owners)}")
-    for failure in host.failures:
-        print(f"FAILED: {failure.name}  ({failure.distribution} {failure.version}): {failure.error}")
-    return 0
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from runjob.train.entry import parse_tags, run
-
-    outcome = run(
-        args.job,
-        overrides_from(args),
-        output_dir=args.output_dir,
-        resume=args.resume,
-        tags=parse_tags(args.tags),
-        tracking_uri=args.tracking_uri,
-    )
-    return outcome.exit_code
+# the module that carries out each command, imported only when that command runs
+MODULES = {"runs": "runs", "diff": "runs"}
 
 
 def _command(name: str):
-    """The function that carries out command ``name`` (imported only when it is run)."""
-    local = {"run": cmd_run, "validate": cmd_validate, "doctor": cmd_doctor, "plugins": cmd_plugins}
-    if name in local:
-        return local[name]
-    if name in ("runs", "diff"):
-        from runjob.commands import runs as module
-    elif name == "rerun":
-        from runjob.commands import rerun as module
-    elif name == "sync":
-        from runjob.commands import sync as module
-    else:
-        from runjob.commands import sweep as module
+    """The function that carries out command ``name``: ``cmd_<name>`` in ``runjob.commands.<module>``."""
+    module = importlib.import_module(f"runjob.commands.{MODULES.get(name, name)}")
     return getattr(module, f"cmd_{name}")
 
 

@@ -8,6 +8,7 @@ mlflow are imported inside the checks, never at module import.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -275,3 +276,14 @@ def report_text(checks: list[Check]) -> str:
 def report_json(checks: list[Check]) -> str:
     """``{"ok": bool, "checks": [{"name", "status", "detail"}, ...]}`` as JSON text."""
     return json.dumps({"ok": exit_code(checks) == 0, "checks": [asdict(c) for c in checks]}, indent=2) + "\n"
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
+
+    host = load_plugins()
+    job = load_resolved(args.job, args.overrides, host) if args.job else None
+    checks = collect_checks(job, host)
+    print(report_json(checks) if args.json else report_text(checks))
+    return exit_code(checks)

@@ -20,6 +20,11 @@ TABLE_ORDER = ("job", *KIND_NAMES, "train", "launch", "tracking")
 SWEEP_TABLE = "sweep"
 
 
+def sweep_note(what_happens: str) -> str:
+    """The note a command prints when the job it was given has a ``[sweep]`` table it does not use."""
+    return f"note: the job's [{SWEEP_TABLE}] table is used by `runjob sweep`; {what_happens}"
+
+
 class JobTable(Options):
     """``[job]``: what the run is called and how it is seeded."""
 

@@ -55,6 +55,7 @@ def run(
     plugins to reuse. ``job``: the job already resolved from ``job_file`` and ``overrides``.
     """
     from runjob.host.plugin_host import load_plugins
+    from runjob.job.schema import sweep_note
     from runjob.job.validation import load_resolved
     from runjob.record.local import run_id_in
     from runjob.record.outputs import choose_output_dir
@@ -72,10 +73,7 @@ def run(
         check_launched_as_asked(launch)
     else:
         if job.sweep is not None and SWEEP_TRIAL_TAG not in tags:
-            print(
-                "runjob: note: the job's [sweep] table is used by `runjob sweep`; this trains the base job as written",
-                file=sys.stderr,
-            )
+            print(f"runjob: {sweep_note('this trains the base job as written')}", file=sys.stderr)
         if launch.num_processes > 1 or launch.num_machines > 1:
             output_dir = output_dir if resume else choose_output_dir(job.job.name, output_dir)
             code = launch_workers(

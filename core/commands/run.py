@@ -1,0 +1,21 @@
+"""``runjob run JOB`` (or ``runjob JOB``): train the job through the one run entry."""
+
+from __future__ import annotations
+
+import argparse
+
+from runjob.commands.arguments import overrides_from
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from runjob.train.entry import parse_tags, run
+
+    outcome = run(
+        args.job,
+        overrides_from(args),
+        output_dir=args.output_dir,
+        resume=args.resume,
+        tags=parse_tags(args.tags),
+        tracking_uri=args.tracking_uri,
+    )
+    return outcome.exit_code

@@ -1,0 +1,28 @@
+"""``runjob validate JOB``: check a job completely, print it resolved and its plan."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runjob.commands.arguments import overrides_from
+from runjob.job.schema import sweep_note
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.plan import plan_lines
+    from runjob.job.validation import load_resolved
+
+    host = load_plugins()
+    job = load_resolved(args.job, overrides_from(args), host)
+    if job.sweep is not None:
+        from runjob.commands.sweep import check_values
+
+        check_values(job, host)
+        note = sweep_note("the resolved job printed is the base job, without it (its values were checked)")
+        print(f"runjob: {note}", file=sys.stderr)
+    sys.stdout.write(job.to_toml())
+    for line in plan_lines(job):  # stderr, so stdout stays the resolved job alone
+        print(f"runjob: plan: {line}", file=sys.stderr)
+    return 0
