@@ -15,7 +15,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -77,18 +76,13 @@ def runjob_after_step(run, step, epoch, loss):
 
 def make_timer_plugin(root: Path, module: str = "runjob_bench_timer", source: str = TIMER_PLUGIN) -> Path:
     """Lay out a timer plugin (``source``, importable as ``module``) as an installed distribution
-    in ``root`` (dist-info with a ``runjob`` entry point, as tests/conftest.py's make_plugin_dist
-    does); put ``root`` on ``sys.path`` or ``PYTHONPATH`` and runjob loads it like any plugin.
-    Its entry point is named to load last."""
-    info = root / f"{module}-0.0.0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    dist = module.replace("_", "-")
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.0.0\n", encoding="utf-8")
-    (info / "entry_points.txt").write_text(
-        f"[runjob]\nzzz_{module.removeprefix('runjob_')} = {module}\n", encoding="utf-8"
-    )
-    (root / f"{module}.py").write_text(textwrap.dedent(source).lstrip(), encoding="utf-8")
-    return root
+    in ``root`` (runjob.testing.make_plugin_dist: a dist-info with a ``runjob`` entry point); put
+    ``root`` on ``sys.path`` or ``PYTHONPATH`` and runjob loads it like any plugin. Its entry point
+    is named to load last."""
+    from runjob.testing import make_plugin_dist  # imported here: a benchmark's workers never need it
+
+    entry_point = f"zzz_{module.removeprefix('runjob_')}"
+    return make_plugin_dist(root, module.replace("_", "-"), "0.0.0", {entry_point: module}, {module: source})
 
 
 def cpu_model() -> str:

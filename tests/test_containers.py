@@ -31,7 +31,10 @@ SBATCH = CONTAINERS / "slurm" / "train.sbatch"
 PYTORCHJOB = CONTAINERS / "k8s" / "pytorchjob.yaml"
 
 BUILD_LINE = "docker build -f containers/Dockerfile -t runjob ."
-RUN_LINE = "docker run --gpus all --shm-size=8g -v $PWD/data:/workspace/data -v $PWD/runs:/workspace/runs runjob jobs/resnet_cifar.toml"
+RUN_LINE = (
+    "docker run --gpus all --shm-size=8g -v $PWD/data:/workspace/data -v $PWD/runs:/workspace/runs "
+    "runjob jobs/resnet_cifar.toml"
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,7 +313,7 @@ def test_the_copied_files_build_the_project(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "runjob/cli.py" in names and "runjob/plugins/torchvision_models.py" in names
+    assert "runjob/commands/cli.py" in names and "runjob/plugins/torchvision_models.py" in names
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     assert "runjob = runjob.commands.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

@@ -14,11 +14,11 @@ from collections import namedtuple
 
 import pytest
 import torch
-from conftest import write_job
 
 from runjob.commands import doctor
 from runjob.host.plugin_host import PluginFailure, PluginHost, load_plugins
 from runjob.job.validation import load_resolved
+from runjob.testing import write_job
 
 NO_CUDA = not torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(not NO_CUDA, reason="asserts what happens on a machine without CUDA")
@@ -123,7 +123,10 @@ def test_versions_are_reported():
 
 
 def test_importing_the_doctor_imports_no_heavy_library():
-    code = "import sys, runjob.commands.doctor; print(sorted(m for m in ('torch', 'mlflow', 'accelerate') if m in sys.modules))"
+    code = (
+        "import sys, runjob.commands.doctor; "
+        "print(sorted(m for m in ('torch', 'mlflow', 'accelerate') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import make_plugin_dist, write_cifar_batches, write_job
+from conftest import write_cifar_batches
 
 from runjob.errors import DataError
 from runjob.host.components import ImageTensors
@@ -159,7 +159,7 @@ def test_image_tensors_refuse_wrong_shapes():
         ImageTensors(torch.zeros(4, 3, 8, 8), torch.zeros(4), [0.0], [1.0])
 
 
-def test_fused_and_foreach_reach_torch_and_exclude_each_other(runjob_cli, tmp_path):
+def test_fused_and_foreach_reach_torch_and_exclude_each_other(runjob_tester):
     import torch
 
     from runjob.plugins.optimizers import AdamWOptions, SGDOptions, build_adamw, build_sgd
@@ -168,31 +168,35 @@ def test_fused_and_foreach_reach_torch_and_exclude_each_other(runjob_cli, tmp_pa
     assert build_sgd(params, SGDOptions(fused=True)).param_groups[0]["fused"] is True
     assert build_adamw(params, AdamWOptions(foreach=True)).param_groups[0]["foreach"] is True
     assert build_sgd(params, SGDOptions()).param_groups[0]["foreach"] is None  # torch decides
-    write_job(
-        tmp_path / "job.toml",
-        '[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n[optimizer]\nname = "adamw"\nfused = true\nforeach = true\n',
+    runjob_tester.write_job(
+        "job.toml",
+        '[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n'
+        '[optimizer]\nname = "adamw"\nfused = true\nforeach = true\n',
     )
-    result = runjob_cli("validate", "job.toml")
+    result = runjob_tester.cli("validate", "job.toml")
     assert result.returncode == 2
     assert "job.toml:5: optimizer: foreach = true and fused = true cannot both be set" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_compile_mode_needs_compile(runjob_cli, tmp_path):
-    write_job(
-        tmp_path / "job.toml",
+def test_compile_mode_needs_compile(runjob_tester):
+    runjob_tester.write_job(
+        "job.toml",
         '[model]\nname = "resnet18"\n[dataset]\nname = "synthetic"\n[train]\ncompile_mode = "max-autotune"\n',
     )
-    result = runjob_cli("validate", "job.toml")
+    result = runjob_tester.cli("validate", "job.toml")
     assert result.returncode == 2
     assert 'compile_mode = "max-autotune" needs compile = true' in result.stderr
 
 
-def test_worker_keys_with_an_in_memory_dataset_are_refused(runjob_cli, tmp_path):
-    write_cifar_batches(tmp_path / "cifar", per_batch=8)
-    job = '[model]\nname = "resnet18"\nnum_classes = 10\n[dataset]\nname = "cifar10"\nroot = "cifar"\ndownload = false\nverify = false\nnum_workers = 2\n'
-    write_job(tmp_path / "job.toml", job + "[tracking]\noffline = true\n")
-    result = runjob_cli("job.toml", "--set", "train.max_steps=1", "--set", "train.batch_size=4")
+def test_worker_keys_with_an_in_memory_dataset_are_refused(runjob_tester):
+    write_cifar_batches(runjob_tester.path / "cifar", per_batch=8)
+    job = (
+        '[model]\nname = "resnet18"\nnum_classes = 10\n'
+        '[dataset]\nname = "cifar10"\nroot = "cifar"\ndownload = false\nverify = false\nnum_workers = 2\n'
+    )
+    runjob_tester.write_job("job.toml", job + "[tracking]\noffline = true\n")
+    result = runjob_tester.cli("job.toml", "--set", "train.max_steps=1", "--set", "train.batch_size=4")
     assert result.returncode == 2, result.stderr[-2000:]
     line = result.stderr.strip().splitlines()[-1]
     assert "dataset.num_workers = 2" in line and "dataset.in_memory = false" in line
@@ -205,7 +209,10 @@ import runjob
 
 def build_tiny(options):
     import torch.nn as nn
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10),
+    )
 
 @runjob.hookimpl
 def runjob_register_models(register):
@@ -218,7 +225,9 @@ def runjob_run_start(run):
     conv = run.accelerator.unwrap_model(run.model, keep_torch_compile=False)[0]
     seen = {
         "compiled": is_compiled_module(run.model),
-        "weights_channels_last": conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous(),
+        "weights_channels_last": (
+            conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
+        ),
         "optimizer_fused": run.optimizer.param_groups[0].get("fused"),
         "cudnn_benchmark": torch.backends.cudnn.benchmark,  # a flag only, on a CPU: set from the job all the same
     }
@@ -247,18 +256,12 @@ offline = true
 """
 
 
-@pytest.fixture
-def probe_site(tmp_path):
-    return make_plugin_dist(
-        tmp_path / "site", "fake-probe", "1.0", {"probe": "fake_probe"}, {"fake_probe": PROBE_PLUGIN}
-    )
-
-
-def test_compiled_channels_last_fused_cudnn_benchmark_run_trains_saves_and_resumes(runjob_cli, tmp_path, probe_site):
+def test_compiled_channels_last_fused_cudnn_benchmark_run_trains_saves_and_resumes(runjob_tester):
     import torch
     from safetensors.torch import load_file
 
-    write_job(tmp_path / "job.toml", TINY_DIGITS)
+    runjob_tester.install_plugin("fake-probe", {"fake_probe": PROBE_PLUGIN}, {"probe": "fake_probe"})
+    runjob_tester.write_job("job.toml", TINY_DIGITS)
     fast = (
         "--set",
         "train.compile=true",
@@ -269,11 +272,11 @@ def test_compiled_channels_last_fused_cudnn_benchmark_run_trains_saves_and_resum
         "--set",
         "train.cudnn_benchmark=true",
     )
-    result = runjob_cli("job.toml", *fast, "--output-dir", "fast", extra_path=[probe_site])
+    result = runjob_tester.cli("job.toml", *fast, "--output-dir", "fast")
     assert result.returncode == 0, result.stderr[-3000:]
-    probe = json.loads((tmp_path / "fast" / "probe.json").read_text())
+    probe = json.loads((runjob_tester.path / "fast" / "probe.json").read_text())
     assert probe == {"compiled": True, "weights_channels_last": True, "optimizer_fused": True, "cudnn_benchmark": True}
-    weights = load_file(tmp_path / "fast" / "model.safetensors")
+    weights = load_file(runjob_tester.path / "fast" / "model.safetensors")
     assert not any(key.startswith("_orig_mod") for key in weights)  # saved as the plain model
     plain = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3, padding=1),
@@ -284,36 +287,25 @@ def test_compiled_channels_last_fused_cudnn_benchmark_run_trains_saves_and_resum
         torch.nn.Linear(8, 10),
     )
     plain.load_state_dict(weights)
-    losses = [json.loads(line) for line in (tmp_path / "fast" / "metrics.jsonl").read_text().splitlines()]
-    assert [p["step"] for p in losses if p["key"] == "train/loss"] == [2, 4, 6]
+    assert [step for step, _ in runjob_tester.record("fast").local_history("train/loss")] == [2, 4, 6]
 
-    baseline = runjob_cli("job.toml", "--output-dir", "plain", extra_path=[probe_site])
+    baseline = runjob_tester.cli("job.toml", "--output-dir", "plain")
     assert baseline.returncode == 0, baseline.stderr[-3000:]
-    assert json.loads((tmp_path / "plain" / "probe.json").read_text()) == {
+    assert json.loads((runjob_tester.path / "plain" / "probe.json").read_text()) == {
         "compiled": False,
         "weights_channels_last": False,
         "optimizer_fused": None,
         "cudnn_benchmark": False,
     }
-    reference = load_file(tmp_path / "plain" / "model.safetensors")
+    reference = load_file(runjob_tester.path / "plain" / "model.safetensors")
     for key, value in reference.items():  # the same training, up to kernel rounding
         assert torch.allclose(weights[key], value, atol=1e-3), key
 
-    longer = runjob_cli(
-        "job.toml", *fast, "--set", "train.max_steps=9", "--output-dir", "fast", "--resume", extra_path=[probe_site]
-    )
+    longer = runjob_tester.cli("job.toml", *fast, "--set", "train.max_steps=9", "--output-dir", "fast", "--resume")
     assert longer.returncode == 0, longer.stderr[-3000:]
     assert "resuming step-00000006" in longer.stdout
-    points = [json.loads(line) for line in (tmp_path / "fast" / "metrics.jsonl").read_text().splitlines()]
-    assert [p["step"] for p in points if p["key"] == "train/loss"] == [
-        2,
-        4,
-        6,
-        8,
-        9,
-    ]  # max_steps ended mid-epoch: it goes on from there
-    plain_resume = runjob_cli(
-        "job.toml", "--set", "train.max_steps=12", "--output-dir", "fast", "--resume", extra_path=[probe_site]
-    )
+    # max_steps ended mid-epoch: it goes on from there
+    assert [step for step, _ in runjob_tester.record("fast").local_history("train/loss")] == [2, 4, 6, 8, 9]
+    plain_resume = runjob_tester.cli("job.toml", "--set", "train.max_steps=12", "--output-dir", "fast", "--resume")
     assert plain_resume.returncode == 2
     assert "train.compile: true -> false" in plain_resume.stderr and "Traceback" not in plain_resume.stderr

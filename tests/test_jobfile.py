@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from conftest import write_job
 
 from runjob.errors import JobError
 from runjob.job.jobfile import key_lines, load_job, parse_override_value
+from runjob.testing import write_job
 
 
 def test_syntax_error_names_file_line_and_column(tmp_path):

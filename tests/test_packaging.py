@@ -1,4 +1,5 @@
-"""Packaging: a plain wheel holds runjob and its plugins; a plugin package plugs in by entry point alone."""
+"""Packaging: a plain wheel holds runjob, its plugins and its test kit; a plugin package plugs in by
+entry point alone, and its own tests (written with the kit) pass."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import sys
 import zipfile
 
 import pytest
-from conftest import REPO, clean_env, write_job
+from conftest import REPO
+
+from runjob.testing import clean_env, install_project, run_process_group
 
 pytestmark = pytest.mark.timeout(600)
+EXAMPLE = REPO / "examples" / "runjob-tinymlp"
 
 
 def pip(*args: str, cwd) -> None:
@@ -35,7 +39,8 @@ def wheel(tmp_path_factory):
 
 def test_wheel_holds_the_package_plugins_and_entry_points(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    assert "runjob/cli.py" in names and "runjob/hookspecs.py" in names
+    assert "runjob/commands/cli.py" in names and "runjob/host/hookspecs.py" in names
+    assert "runjob/testing.py" in names  # the public test kit ships with runjob
     assert "runjob/plugins/torchvision_models.py" in names and "runjob/plugins/digits.py" in names
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -43,6 +48,7 @@ def test_wheel_holds_the_package_plugins_and_entry_points(wheel):
     assert "[runjob]" in text and "torchvision_models = runjob.plugins.torchvision_models" in text
 
 
+@pytest.mark.e2e
 def test_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
     target = tmp_path / "site"
     pip("install", "--no-deps", "--target", str(target), str(wheel), cwd=tmp_path)
@@ -63,24 +69,19 @@ def test_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
     assert "FAILED" not in proc.stdout
 
 
-def test_example_plugin_package_plugs_in_through_its_entry_point(runjob_cli, tmp_path):
-    target = tmp_path / "site"
-    pip(
-        "install",
-        "--no-deps",
-        "--no-build-isolation",
-        "--target",
-        str(target),
-        str(REPO / "examples" / "runjob-tinymlp"),
-        cwd=tmp_path,
+@pytest.mark.e2e
+def test_example_plugin_package_plugs_in_through_its_entry_point(runjob_tester):
+    target = install_project(EXAMPLE, runjob_tester.path / "site")
+    # a fresh interpreter with the installed package on its path lists it and checks its options
+    listed = run_process_group(
+        [sys.executable, "-m", "runjob", "plugins"], runjob_tester.path, clean_env(runjob_tester.path, [target]), 120
     )
-
-    listed = runjob_cli("plugins", extra_path=[target])
+    assert listed.returncode == 0, listed.stderr
     assert "tinymlp  (runjob-tinymlp 0.1.0, runjob_tinymlp)" in listed.stdout
     assert "models: tiny_mlp" in listed.stdout
 
-    write_job(
-        tmp_path / "job.toml",
+    runjob_tester.write_job(
+        "job.toml",
         """
         [job]
         name = "tiny"
@@ -100,14 +101,32 @@ def test_example_plugin_package_plugs_in_through_its_entry_point(runjob_cli, tmp
         batch_size = 64
     """,
     )
-    bad = runjob_cli("validate", "job.toml", "--set", "model.hidden_size=0", extra_path=[target])
+    bad = run_process_group(
+        [sys.executable, "-m", "runjob", "validate", "job.toml", "--set", "model.hidden_size=0"],
+        runjob_tester.path,
+        clean_env(runjob_tester.path, [target]),
+        120,
+    )
     assert bad.returncode == 2 and "model.hidden_size: Input should be greater than or equal to 1 (got 0)" in bad.stderr
-    result = runjob_cli("job.toml", extra_path=[target])
+    # and it trains (here, in this process: the plugin is found through the same entry point)
+    runjob_tester.add_site(target)
+    result = runjob_tester.cli("job.toml")
     assert result.returncode == 0, result.stderr[-3000:]
-    from mlflow import MlflowClient
+    run = runjob_tester.only_run("tiny")
+    assert run.status == "FINISHED"
+    assert run.tags["runjob.plugin.tinymlp"] == "runjob-tinymlp 0.1.0"
+    assert run.metrics["val/accuracy"] > 0.8  # a small MLP learns the digits too
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    (run,) = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["runjob.plugin.tinymlp"] == "runjob-tinymlp 0.1.0"
-    assert run.data.metrics["val/accuracy"] > 0.8  # a small MLP learns the digits too
+
+@pytest.mark.e2e
+def test_the_example_plugins_own_tests_pass(tmp_path):
+    """examples/runjob-tinymlp/tests, written with runjob.testing as a plugin author writes them, run
+    with the example's own pytest settings (pytest in a process of its own)."""
+    result = run_process_group(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "pytest")],
+        EXAMPLE,
+        clean_env(tmp_path),
+        480,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "failed" not in result.stdout

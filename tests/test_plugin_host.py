@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import inspect
-import sys
 
 import pytest
-from conftest import make_plugin_dist, write_job
 
 from runjob.errors import JobError
 from runjob.host import hookspecs
@@ -22,19 +20,6 @@ TINY_MODEL_PLUGIN = """
 """
 
 
-@pytest.fixture
-def plugin_path(tmp_path, monkeypatch):
-    """A folder on sys.path where a test lays out installed plugin distributions."""
-    root = tmp_path / "site"
-    root.mkdir()
-    monkeypatch.syspath_prepend(str(root))
-    before = set(sys.modules)
-    yield root
-    for name in set(sys.modules) - before:  # let the next test import its own versions
-        if name.startswith("fake_"):
-            del sys.modules[name]
-
-
 def test_builtins_come_through_the_entry_point_group():
     host = load_plugins()
     names = {p.name: p for p in host.plugins}
@@ -44,9 +29,9 @@ def test_builtins_come_through_the_entry_point_group():
     assert host.failures == []
 
 
-def test_broken_plugin_is_reported_and_only_matters_when_needed(plugin_path, tmp_path):
-    make_plugin_dist(
-        plugin_path, "fake-broken", "2.3", {"broken": "fake_broken"}, {"fake_broken": "import no_such_module_here\n"}
+def test_broken_plugin_is_reported_and_only_matters_when_needed(runjob_tester):
+    runjob_tester.install_plugin(
+        "fake-broken", {"fake_broken": "import no_such_module_here\n"}, {"broken": "fake_broken"}, version="2.3"
     )
     host = load_plugins()
     (failure,) = host.failures
@@ -58,16 +43,12 @@ def test_broken_plugin_is_reported_and_only_matters_when_needed(plugin_path, tmp
     assert "Plugins that failed to load, which may have provided it: broken (ModuleNotFoundError" in str(caught.value)
 
 
-def test_duplicate_name_is_an_error_naming_both_plugins(plugin_path, tmp_path):
-    make_plugin_dist(
-        plugin_path,
-        "fake-dupe",
-        "1.0",
-        {"dupe": "fake_dupe"},
-        {"fake_dupe": TINY_MODEL_PLUGIN.format(model="resnet18")},
+def test_duplicate_name_is_an_error_naming_both_plugins(runjob_tester):
+    runjob_tester.install_plugin(
+        "fake-dupe", {"fake_dupe": TINY_MODEL_PLUGIN.format(model="resnet18")}, {"dupe": "fake_dupe"}
     )
     host = load_plugins()
-    job = write_job(tmp_path / "job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n')
+    job = runjob_tester.write_job("job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n')
     with pytest.raises(JobError) as caught:
         load_resolved(job, [], host)
     message = str(caught.value)
@@ -76,16 +57,16 @@ def test_duplicate_name_is_an_error_naming_both_plugins(plugin_path, tmp_path):
     load_resolved(job, ["model.name=resnet34"], host)  # other models are not affected
 
 
-def test_misspelt_hook_is_a_failure_not_silence(plugin_path):
+def test_misspelt_hook_is_a_failure_not_silence(runjob_tester):
     source = "import runjob\n\n@runjob.hookimpl\ndef runjob_register_model(register):\n    register('x', print)\n"
-    make_plugin_dist(plugin_path, "fake-typo", "0.1", {"typo": "fake_typo"}, {"fake_typo": source})
+    runjob_tester.install_plugin("fake-typo", {"fake_typo": source}, {"typo": "fake_typo"}, version="0.1")
     host = load_plugins()
     (failure,) = host.failures
     assert failure.name == "typo" and "runjob_register_model" in failure.error
     assert "typo" not in {p.name for p in host.plugins}
 
 
-def test_registration_that_raises_keeps_nothing(plugin_path):
+def test_registration_that_raises_keeps_nothing(runjob_tester):
     source = """
         import runjob
 
@@ -94,22 +75,21 @@ def test_registration_that_raises_keeps_nothing(plugin_path):
             register("half_registered", print)
             raise RuntimeError("plugin bug")
     """
-    make_plugin_dist(plugin_path, "fake-raises", "0.1", {"raises": "fake_raises"}, {"fake_raises": source})
+    runjob_tester.install_plugin("fake-raises", {"fake_raises": source}, {"raises": "fake_raises"}, version="0.1")
     host = load_plugins()
     assert [f.name for f in host.failures] == ["raises"]
     assert "RuntimeError: plugin bug" in host.failures[0].error
     assert "half_registered" not in host.components["model"]
 
 
-def test_plugins_command_lists_plugins_versions_and_failures(runjob_cli, tmp_path):
-    site = make_plugin_dist(
-        tmp_path / "site",
+def test_plugins_command_lists_plugins_versions_and_failures(runjob_tester):
+    runjob_tester.install_plugin(
         "fake-broken-cli",
-        "9.9",
-        {"brokencli": "fake_brokencli"},
         {"fake_brokencli": "raise ImportError('needs libfoo')\n"},
+        {"brokencli": "fake_brokencli"},
+        version="9.9",
     )
-    result = runjob_cli("plugins", extra_path=[site])
+    result = runjob_tester.cli("plugins")
     assert result.returncode == 0, result.stderr
     assert "optimizers  (runjob-train 0.1.0, runjob.plugins.optimizers)" in result.stdout
     assert "optimizers: sgd, adam, adamw" in result.stdout

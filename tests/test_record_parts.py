@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import free_port, write_job
 
 from runjob.errors import RunjobError, TrackingError
 from runjob.host.plugin_host import load_plugins
 from runjob.job.validation import load_resolved
 from runjob.record.provenance import job_sources
+from runjob.testing import free_port, write_job
 
 pytestmark = pytest.mark.timeout(120)
 

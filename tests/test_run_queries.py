@@ -6,15 +6,13 @@ job keys as params, `val/accuracy` and friends as metrics); only `rerun` trains,
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import write_job
-from test_training import SMALL_DIGITS
+from conftest import RESNET18_DIGITS, SMALL_DIGITS
 
 from runjob.commands.cli import main
 
@@ -25,7 +23,7 @@ JOB_KEYS = {
     "dataset.root": "data/digits",
     "tracking.tags.api_token": "***",
 }
-VALID_JOB = textwrap.dedent(SMALL_DIGITS).format(name="recorded") + '[tracking.tags]\napi_token = "***"\n'
+VALID_JOB = textwrap.dedent(RESNET18_DIGITS).format(name="recorded") + '[tracking.tags]\napi_token = "***"\n'
 
 
 def _record(
@@ -228,12 +226,11 @@ def test_rerun_hands_the_run_entry_the_job_tags_and_store(store, capsys, tmp_pat
     assert "MLFLOW_TRACKING_URI" not in os.environ
 
 
-@pytest.mark.timeout(120)
-def test_rerun_trains_the_recorded_job_again(runjob_cli, tmp_path, empty_mlflow_db):
+@pytest.mark.timeout(300)
+def test_rerun_trains_the_recorded_job_again(tester):
     """One real training: the rerun of a run recorded as runjob records one (the first training is
     not needed to test rerun, and would double the cost)."""
     import tomli_w
-    from mlflow import MlflowClient
     from mlflow.entities import Param
 
     from runjob.host.plugin_host import load_plugins
@@ -241,27 +238,26 @@ def test_rerun_trains_the_recorded_job_again(runjob_cli, tmp_path, empty_mlflow_
     from runjob.job.validation import load_resolved
     from runjob.record.tracking import flatten
 
-    write_job(
-        tmp_path / "job.toml",
+    tester.write_job(
+        "job.toml",
         SMALL_DIGITS.format(name="again") + '[tracking]\nlog_model = "none"\nsystem_metrics_interval = 0\n',
     )
     job = redact_tables(
-        load_resolved(tmp_path / "job.toml", ["train.max_steps=2", "optimizer.lr=0.001"], load_plugins()).to_dict()
+        load_resolved(tester.path / "job.toml", ["train.max_steps=2", "optimizer.lr=0.001"], load_plugins()).to_dict()
     )
-    shutil.copy(empty_mlflow_db, tmp_path / "mlflow.db")
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    experiment = client.create_experiment("again", artifact_location=str(tmp_path / "artifacts"))
+    client = tester.client
+    experiment = client.create_experiment("again", artifact_location=str(tester.path / "artifacts"))
     old = client.create_run(experiment, run_name="again").info.run_id
     client.log_batch(old, params=[Param(k, v) for k, v in flatten(job).items()])
     client.log_text(old, tomli_w.dumps(job), "job.toml")
     client.set_terminated(old, "FINISHED")
 
-    result = runjob_cli("rerun", old, "--set", "optimizer.lr=0.01")
+    result = tester.cli("rerun", old, "--set", "optimizer.lr=0.01")
     assert result.returncode == 0, result.stderr[-3000:]
-    (new,) = client.search_runs([experiment], filter_string=f"tags.`runjob.rerun_of` = '{old}'")
-    assert new.info.status == "FINISHED"
+    (new,) = [run for run in tester.runs("again") if run.tags.get("runjob.rerun_of") == old]
+    assert new.status == "FINISHED"
     params = client.get_run(old).data.params
-    changed = {k for k in params.keys() | new.data.params.keys() if params.get(k) != new.data.params.get(k)}
-    assert changed == {"optimizer.lr"} and new.data.params["optimizer.lr"] == "0.01"
-    source = Path(new.data.tags["runjob.job_file"])
-    assert source.name == "rerun_source.toml" and source.parent == Path(new.data.tags["runjob.output_dir"])
+    changed = {k for k in params.keys() | new.params.keys() if params.get(k) != new.params.get(k)}
+    assert changed == {"optimizer.lr"} and new.params["optimizer.lr"] == "0.01"
+    source = Path(new.tags["runjob.job_file"])
+    assert source.name == "rerun_source.toml" and source.parent == Path(new.tags["runjob.output_dir"])

@@ -36,7 +36,7 @@ def test_cosine_warms_up_then_decays_to_the_floor():
     values = lrs(scheduler, optimizer, 20)
     assert values[2] == pytest.approx(0.1)  # after 3 steps: warm-up done
     assert values[:3] == sorted(values[:3])
-    assert all(a >= b for a, b in zip(values[3:], values[4:]))
+    assert all(a >= b for a, b in zip(values[3:], values[4:], strict=False))
     assert values[-1] == pytest.approx(0.01)
     assert cosine_factor(12, 20, 4, 0.0) == pytest.approx(0.5)
 

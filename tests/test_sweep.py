@@ -8,8 +8,7 @@ import sys
 import tomllib
 
 import pytest
-from conftest import write_job
-from test_training import SMALL_DIGITS
+from conftest import RESNET18_DIGITS, SMALL_DIGITS
 
 from runjob.commands.cli import main
 from runjob.commands.sweep import Trial, grid_points, make_plan, read_result, toml_value
@@ -17,8 +16,9 @@ from runjob.host.plugin_host import load_plugins
 from runjob.job.jobfile import parse_override_value
 from runjob.job.schema import SweepRange, SweepTable
 from runjob.job.validation import load_resolved
+from runjob.testing import write_job
 
-BASE = SMALL_DIGITS.format(name="sw")
+BASE = RESNET18_DIGITS.format(name="sw")  # checked only: the line numbers below are its lines
 
 
 def validate(tmp_path, monkeypatch, capsys, text: str, *extra: str):
@@ -51,10 +51,13 @@ def test_sweep_table_mistakes_are_reported_together_with_file_and_line(tmp_path,
     assert code == 2 and out == ""
     assert err == [
         "runjob: job.toml:13: sweep.method: Input should be 'grid', 'random' or 'tpe' (got 'bayes')",
-        "runjob: job.toml:14: sweep.trails: unknown key; did you mean 'trials'? Accepted keys: direction, method, metric, parameters, seed, trials",
-        "runjob: job.toml:17: sweep.parameters.optimizer.lr: must be a non-empty list of values to try, or a range { low = ..., high = ..., log = false } (got [])",
+        "runjob: job.toml:14: sweep.trails: unknown key; did you mean 'trials'? "
+        "Accepted keys: direction, method, metric, parameters, seed, trials",
+        "runjob: job.toml:17: sweep.parameters.optimizer.lr: must be a non-empty list of values to try, "
+        "or a range { low = ..., high = ..., log = false } (got [])",
         "runjob: job.toml:18: sweep.parameters.optimizer.weight_decay: low (0.1) must be below high (0.01)",
-        "runjob: job.toml:19: sweep.parameters.train.batch_size: must be a non-empty list of values to try, or a range { low = ..., high = ..., log = false } (got 64)",
+        "runjob: job.toml:19: sweep.parameters.train.batch_size: must be a non-empty list of values to try, "
+        "or a range { low = ..., high = ..., log = false } (got 64)",
         "runjob: job.toml:20: sweep.parameters.train.epochs: low must be a number (got '1')",
     ]
 
@@ -94,7 +97,8 @@ def test_grid_refuses_ranges_and_a_budget_below_its_size(tmp_path, monkeypatch, 
     """,
     )
     assert err == [
-        "runjob: job.toml:13: sweep.trials: the grid has 4 combinations, more than trials = 3: raise trials or leave it out to run them all"
+        "runjob: job.toml:13: sweep.trials: the grid has 4 combinations, more than trials = 3: "
+        "raise trials or leave it out to run them all"
     ]
 
 
@@ -116,10 +120,13 @@ def test_each_value_is_checked_against_the_job_before_any_trial(tmp_path, monkey
     )
     assert code == 2 and out == ""
     assert err == [
-        "runjob: job.toml:16: sweep.parameters.optimizer.lr: optimizer.lr=-1 is refused: Input should be greater than 0 (got -1)",
-        "runjob: job.toml:17: sweep.parameters.optimizer.lrr: optimizer.lrr=0.1 is refused: unknown key; did you mean 'lr'? "
+        "runjob: job.toml:16: sweep.parameters.optimizer.lr: optimizer.lr=-1 is refused: "
+        "Input should be greater than 0 (got -1)",
+        "runjob: job.toml:17: sweep.parameters.optimizer.lrr: optimizer.lrr=0.1 is refused: "
+        "unknown key; did you mean 'lr'? "
         "Accepted keys: name, betas, eps, foreach, fused, lr, weight_decay",
-        "runjob: job.toml:18: sweep.parameters.train.batch_size: train.batch_size=0 is refused: Input should be greater than or equal to 1 (got 0)",
+        "runjob: job.toml:18: sweep.parameters.train.batch_size: train.batch_size=0 is refused: "
+        "Input should be greater than or equal to 1 (got 0)",
     ]
     # values that are fine alone but not together: the grid's combinations are checked too
     code, _, err = validate(
@@ -140,7 +147,8 @@ def test_each_value_is_checked_against_the_job_before_any_trial(tmp_path, monkey
     )
     assert code == 2
     assert err == [
-        "runjob: job.toml:12: sweep.parameters: the combination launch.num_processes=4 launch.num_machines=3 is refused: "
+        "runjob: job.toml:12: sweep.parameters: "
+        "the combination launch.num_processes=4 launch.num_machines=3 is refused: "
         "launch: num_processes (4) must be a multiple of num_machines (3)"
     ]
 
@@ -164,7 +172,8 @@ def test_validate_prints_the_base_job_and_says_the_sweep_is_for_runjob_sweep(tmp
     assert "sweep" not in resolved and resolved["optimizer"]["lr"] == 0.5
     notes = [line for line in err if "[sweep]" in line]
     assert notes == [
-        "runjob: note: the job's [sweep] table is used by `runjob sweep`; the resolved job printed is the base job, without it (its values were checked)"
+        "runjob: note: the job's [sweep] table is used by `runjob sweep`; "
+        "the resolved job printed is the base job, without it (its values were checked)"
     ]
     job = load_resolved(tmp_path / "job.toml", [], load_plugins())
     assert (
@@ -260,20 +269,20 @@ def test_random_without_optuna_stops_before_anything_is_recorded(tmp_path, monke
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlruns").exists()
 
 
-@pytest.mark.timeout(300)
-def test_grid_sweep_records_children_under_a_parent_that_names_the_best(runjob_cli, tmp_path):
-    from mlflow import MlflowClient
-
-    write_job(
-        tmp_path / "job.toml",
-        BASE
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_grid_sweep_records_children_under_a_parent_that_names_the_best(tester):
+    """The sweep runs here; each trial is a process of its own, as a user's sweep runs them."""
+    tester.write_job(
+        "job.toml",
+        SMALL_DIGITS.format(name="sw")
         + """
     [sweep]
     [sweep.parameters]
     "optimizer.lr" = [0.001, 0.1]
     """,
     )
-    result = runjob_cli(
+    result = tester.cli(
         "sweep",
         "job.toml",
         "--set",
@@ -288,32 +297,30 @@ def test_grid_sweep_records_children_under_a_parent_that_names_the_best(runjob_c
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[sweep] table is used" not in result.stderr  # trials don't repeat the note
 
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("sw").experiment_id])
-    [parent] = [r for r in runs if r.data.tags.get("runjob.sweep") == "true"]
-    children = sorted((r for r in runs if r is not parent), key=lambda r: r.data.tags["runjob.sweep.trial"])
-    assert len(children) == 2 and parent.info.run_name == "sw-sweep" and parent.info.status == "FINISHED"
-    for index, (child, lr) in enumerate(zip(children, ["0.001", "0.1"])):
-        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert child.data.tags["runjob.sweep.trial"] == str(index)
-        assert child.data.params["optimizer.lr"] == lr and child.data.params["train.max_steps"] == "2"
-        assert not any(key.startswith("sweep") for key in child.data.params)
-        assert "sweep" not in tomllib.loads((tmp_path / f"sweep/trial-00{index}/job.toml").read_text())
+    runs = tester.runs("sw")
+    [parent] = [r for r in runs if r.tags.get("runjob.sweep") == "true"]
+    children = sorted((r for r in runs if r is not parent), key=lambda r: r.tags["runjob.sweep.trial"])
+    assert len(children) == 2 and parent.run_name == "sw-sweep" and parent.status == "FINISHED"
+    for index, (child, lr) in enumerate(zip(children, ["0.001", "0.1"], strict=True)):
+        assert child.tags["mlflow.parentRunId"] == parent.run_id
+        assert child.tags["runjob.sweep.trial"] == str(index)
+        assert child.params["optimizer.lr"] == lr and child.params["train.max_steps"] == "2"
+        assert not any(key.startswith("sweep") for key in child.params)
+        assert "sweep" not in tomllib.loads((tester.path / f"sweep/trial-00{index}/job.toml").read_text())
 
-    accuracy = [c.data.metrics["val/accuracy"] for c in children]
+    accuracy = [c.metrics["val/accuracy"] for c in children]
     best = max(range(2), key=lambda i: (accuracy[i], -i))
-    tags = parent.data.tags
+    tags = parent.tags
     assert tags["runjob.sweep.best_trial"] == str(best)
-    assert tags["runjob.sweep.best_run_id"] == children[best].info.run_id
+    assert tags["runjob.sweep.best_run_id"] == children[best].run_id
     assert tags["runjob.sweep.best_params"] == f"optimizer.lr={['0.001', '0.1'][best]}"
-    assert parent.data.metrics["best/val/accuracy"] == accuracy[best]
-    history = client.get_metric_history(parent.info.run_id, "sweep/val/accuracy")
-    assert [(m.step, m.value) for m in history] == [(0, accuracy[0]), (1, accuracy[1])]
-    assert parent.data.params["sweep.parameters.optimizer.lr"] == "[0.001, 0.1]"
-    assert parent.data.params["sweep.method"] == "grid" and parent.data.params["sweep.trials"] == "2"
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"job.toml", "trials.json"}
+    assert parent.metrics["best/val/accuracy"] == accuracy[best]
+    assert parent.history("sweep/val/accuracy") == [(0, accuracy[0]), (1, accuracy[1])]
+    assert parent.params["sweep.parameters.optimizer.lr"] == "[0.001, 0.1]"
+    assert parent.params["sweep.method"] == "grid" and parent.params["sweep.trials"] == "2"
+    assert parent.artifacts() == {"job.toml", "trials.json"}
 
-    trials = json.loads((tmp_path / "sweep/trials.json").read_text())
-    assert [(t["status"], t["run_id"]) for t in trials] == [("finished", c.info.run_id) for c in children]
+    trials = json.loads((tester.path / "sweep/trials.json").read_text())
+    assert [(t["status"], t["run_id"]) for t in trials] == [("finished", c.run_id) for c in children]
     assert f"runjob: best: trial {best}, val/accuracy {accuracy[best]:.4f}" in result.stdout
     assert result.stdout.rstrip().endswith(f"--set optimizer.lr={['0.001', '0.1'][best]}")

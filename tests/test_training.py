@@ -1,4 +1,8 @@
-"""End to end: real data trains, the record is complete, and failures end clearly and FAILED."""
+"""Training: real data trains, the record is complete, and failures end clearly and FAILED.
+
+The contract job runs as the user runs it (``runjob job.toml`` in a process of its own, ResNet-18
+for three epochs); everything else runs the command line in this process (``runjob_tester.cli``)
+with the kit's tiny model wherever the model plays no part."""
 
 from __future__ import annotations
 
@@ -6,25 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import make_plugin_dist, write_job
+from conftest import REPO, SMALL_DIGITS, write_cifar_batches
 from test_validation import CONTRACT
 
 pytestmark = pytest.mark.timeout(900)
-
-
-def mlflow_client(tmp_path):
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-
-
-def only_run(tmp_path, experiment: str):
-    client = mlflow_client(tmp_path)
-    exp = client.get_experiment_by_name(experiment)
-    assert exp is not None, f"no MLflow experiment {experiment!r}"
-    runs = client.search_runs([exp.experiment_id])
-    assert len(runs) == 1, f"expected one run, found {len(runs)}"
-    return client, runs[0]
 
 
 def evaluate_saved_weights(weights: Path, val_root: Path) -> float:
@@ -47,48 +36,49 @@ def evaluate_saved_weights(weights: Path, val_root: Path) -> float:
     return correct / len(data)
 
 
-def test_contract_job_learns_and_leaves_a_complete_record(runjob_cli, tmp_path, digits_folder):
+@pytest.mark.e2e
+def test_contract_job_learns_and_leaves_a_complete_record(runjob_tester, digits_folder):
+    tmp_path = runjob_tester.path
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "digits").symlink_to(digits_folder)
-    write_job(tmp_path / "job.toml", CONTRACT.format(root="data/digits"))  # exactly the contract job
+    runjob_tester.write_job("job.toml", CONTRACT.format(root="data/digits"))  # exactly the contract job
 
-    result = runjob_cli("job.toml")
+    # one torch thread: the other xdist worker has the other core (a busy machine must not fail it)
+    result = runjob_tester.cli_subprocess("job.toml", timeout=850)
     assert result.returncode == 0, result.stderr[-3000:]
     (out,) = (tmp_path / "runs" / "digits-resnet18").iterdir()
     assert {p.name for p in out.iterdir()} >= {"job.toml", "metrics.jsonl", "model.safetensors"}
     assert "epoch 3/3" in result.stdout
 
-    client, run = only_run(tmp_path, "digits-resnet18")
-    assert run.info.status == "FINISHED"
-    assert run.info.run_name == "digits-resnet18"
-    params = run.data.params
+    run = runjob_tester.only_run("digits-resnet18")
+    assert run.status == "FINISHED"
+    assert run.run_name == "digits-resnet18"
+    params = run.params
     assert params["optimizer.lr"] == "0.001" and params["model.name"] == "resnet18"
     assert params["train.epochs"] == "3" and params["dataset.root"] == str(tmp_path / "data" / "digits")
-    assert run.data.tags["runjob.distributed_type"] == "NO" and run.data.tags["runjob.world_size"] == "1"
-    assert run.data.tags["runjob.plugin.torchvision_models"] == "runjob-train 0.1.0"
+    assert run.tags["runjob.distributed_type"] == "NO" and run.tags["runjob.world_size"] == "1"
+    assert run.tags["runjob.plugin.torchvision_models"] == "runjob-train 0.1.0"
 
-    accuracy = client.get_metric_history(run.info.run_id, "val/accuracy")
-    assert [m.step for m in accuracy] == [44, 88, 132]  # 1,437 training images, 32 a batch, last partial dropped
-    assert accuracy[-1].value > 0.8, "ResNet-18 should learn the digits well above chance (0.1)"
-    losses = client.get_metric_history(run.info.run_id, "train/loss")
-    assert [m.step for m in losses][:3] == [10, 20, 30]
-    assert losses[-1].value < losses[0].value
-    assert {m.key for m in client.get_metric_history(run.info.run_id, "lr")} == {"lr"}
+    accuracy = run.history("val/accuracy")
+    assert [step for step, _ in accuracy] == [44, 88, 132]  # 1,437 training images, 32 a batch, last partial dropped
+    assert accuracy[-1][1] > 0.8, "ResNet-18 should learn the digits well above chance (0.1)"
+    losses = run.history("train/loss")
+    assert [step for step, _ in losses][:3] == [10, 20, 30]
+    assert losses[-1][1] < losses[0][1]
+    assert run.history("lr")
 
-    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert {(l["key"], l["step"], l["value"]) for l in lines if l["key"] == "val/accuracy"} == {
-        ("val/accuracy", m.step, m.value) for m in accuracy
-    }
-    assert len([l for l in lines if l["key"] == "train/loss"]) == len(losses)
+    record = runjob_tester.record(out)
+    assert record.run_id == run.run_id
+    assert set(record.local_history("val/accuracy")) == set(accuracy)
+    assert len(record.local_history("train/loss")) == len(losses)
 
-    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"job.toml", "model.safetensors"} <= artifacts
+    assert {"job.toml", "model.safetensors"} <= run.artifacts()
     # the saved weights are the trained model: evaluated independently, they score what was logged
     assert evaluate_saved_weights(out / "model.safetensors", digits_folder / "val") == pytest.approx(
-        accuracy[-1].value, abs=1e-6
+        accuracy[-1][1], abs=1e-6
     )
     # the recorded job reruns as it is
-    rerun = runjob_cli("validate", str(out / "job.toml"))
+    rerun = runjob_tester.cli("validate", str(out / "job.toml"))
     assert rerun.returncode == 0 and rerun.stdout == (out / "job.toml").read_text()
 
 
@@ -121,28 +111,13 @@ EVENT_PLUGIN = """
         note(event="end", status=status, error=repr(error) if error else None)
 """
 
-SMALL_DIGITS = """
-    [job]
-    name = "{name}"
-    [model]
-    name = "resnet18"
-    num_classes = 10
-    [dataset]
-    name = "digits"
-    image_size = 16
-    [train]
-    batch_size = 32
-"""
 
-
-def test_event_hooks_schedule_and_accumulation(runjob_cli, tmp_path, monkeypatch):
-    site = make_plugin_dist(
-        tmp_path / "site", "fake-events", "1.0", {"events": "fake_events"}, {"fake_events": EVENT_PLUGIN}
-    )
-    events_file = tmp_path / "events.jsonl"
+def test_event_hooks_schedule_and_accumulation(tester, monkeypatch):
+    tester.install_plugin("fake-events", {"fake_events": EVENT_PLUGIN}, {"events": "fake_events"})
+    events_file = tester.path / "events.jsonl"
     monkeypatch.setenv("EVENTS_FILE", str(events_file))
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="hooks"))
-    result = runjob_cli(
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="hooks"))
+    result = tester.cli(
         "job.toml",
         "--set",
         "train.max_steps=7",
@@ -156,10 +131,9 @@ def test_event_hooks_schedule_and_accumulation(runjob_cli, tmp_path, monkeypatch
         "scheduler.warmup_steps=2",
         "--set",
         "optimizer.lr=0.01",
-        extra_path=[site],
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    events = [json.loads(l) for l in events_file.read_text().splitlines()]
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
     kinds = [e["event"] for e in events]
     assert kinds[0] == "start" and kinds[-1] == "end" and events[-1]["status"] == "FINISHED"
     assert events[0]["run_id"]
@@ -174,36 +148,33 @@ def test_event_hooks_schedule_and_accumulation(runjob_cli, tmp_path, monkeypatch
     for log in logs:
         assert log["metrics"]["lr"] == pytest.approx(0.01 * cosine_factor(log["step"], 7, 2, 0.0))
 
-    client, run = only_run(tmp_path, "hooks")
-    assert run.data.tags["runjob.overrides"].startswith("train.max_steps=7")
-    assert run.data.params["train.gradient_accumulation_steps"] == "2"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")] == [3, 6, 7]
+    run = tester.only_run("hooks")
+    assert run.tags["runjob.overrides"].startswith("train.max_steps=7")
+    assert run.params["train.gradient_accumulation_steps"] == "2"
+    assert run.steps("train/loss") == [3, 6, 7]
 
 
-def test_model_that_does_not_fit_the_data_fails_clearly(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="misfit"))
-    result = runjob_cli("job.toml", "--set", "model.num_classes=5")
+def test_model_that_does_not_fit_the_data_fails_clearly(tester):
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="misfit"))
+    result = tester.cli("job.toml", "--set", "model.num_classes=5")
     assert result.returncode == 2
     assert (
-        "runjob: model 'resnet18' gives outputs of shape (32, 5), but dataset 'digits' has 10 classes: set model.num_classes = 10"
-        in result.stderr
+        "runjob: model 'tiny_cnn' gives outputs of shape (32, 5), but dataset 'digits' has 10 classes: "
+        "set model.num_classes = 10" in result.stderr
     )
     assert "Traceback" not in result.stderr
-    _, run = only_run(tmp_path, "misfit")
-    assert run.info.status == "FAILED"
-    assert "set model.num_classes = 10" in run.data.tags["runjob.error"]
+    run = tester.only_run("misfit")
+    assert run.status == "FAILED"
+    assert "set model.num_classes = 10" in run.tags["runjob.error"]
 
 
-def test_fp16_on_a_cpu_is_refused_before_anything_runs(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="fp16"))
-    result = runjob_cli("job.toml", "--set", "train.mixed_precision=fp16")
+def test_fp16_on_a_cpu_is_refused_before_anything_runs(tester):
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="fp16"))
+    result = tester.cli("job.toml", "--set", "train.mixed_precision=fp16")
     assert result.returncode == 2
     assert "train.mixed_precision = 'fp16' needs a GPU" in result.stderr and "bf16" in result.stderr
-    assert not (tmp_path / "runs").exists()
-    from mlflow import MlflowClient
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert client.get_experiment_by_name("fp16") is None
+    assert not (tester.path / "runs").exists()
+    assert not tester.has_experiment("fp16")
 
 
 def make_images(root: Path, sizes: dict[str, tuple[int, int]]) -> Path:
@@ -221,7 +192,7 @@ IMAGE_JOB = """
     [job]
     name = "{name}"
     [model]
-    name = "resnet18"
+    name = "tiny_cnn"
     num_classes = 2
     [dataset]
     name = "imagefolder"
@@ -232,42 +203,41 @@ IMAGE_JOB = """
 """
 
 
-def test_unreadable_image_is_named(runjob_cli, tmp_path):
-    make_images(tmp_path / "imgs", {f"{i}.png": (16, 16) for i in range(6)})
-    (tmp_path / "imgs" / "train" / "class0" / "broken.png").write_bytes(b"not a png")
-    write_job(tmp_path / "job.toml", IMAGE_JOB.format(name="broken"))
-    result = runjob_cli("job.toml", "--set", "train.batch_size=7", "--set", "dataset.num_workers=1")
+def test_unreadable_image_is_named(tester):
+    make_images(tester.path / "imgs", {f"{i}.png": (16, 16) for i in range(6)})
+    (tester.path / "imgs" / "train" / "class0" / "broken.png").write_bytes(b"not a png")
+    tester.write_job("job.toml", IMAGE_JOB.format(name="broken"))
+    # a DataLoader worker process reads the broken image: its error is shown without the worker traceback
+    result = tester.cli("job.toml", "--set", "train.batch_size=7", "--set", "dataset.num_workers=1")
     assert result.returncode == 2, result.stderr[-2000:]
-    assert f"runjob: cannot read image {tmp_path / 'imgs' / 'train' / 'class0' / 'broken.png'}" in result.stderr
+    assert f"runjob: cannot read image {tester.path / 'imgs' / 'train' / 'class0' / 'broken.png'}" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_images_of_different_sizes_get_advice(runjob_cli, tmp_path):
-    make_images(tmp_path / "imgs", {"a.png": (16, 16), "b.png": (20, 16), "c.png": (16, 16), "d.png": (20, 16)})
-    write_job(tmp_path / "job.toml", IMAGE_JOB.format(name="sizes"))
-    result = runjob_cli("job.toml")
+def test_images_of_different_sizes_get_advice(tester):
+    make_images(tester.path / "imgs", {"a.png": (16, 16), "b.png": (20, 16), "c.png": (16, 16), "d.png": (20, 16)})
+    tester.write_job("job.toml", IMAGE_JOB.format(name="sizes"))
+    result = tester.cli("job.toml")
     assert result.returncode == 2
     assert "inputs in one batch have different shapes" in result.stderr and "dataset.image_size" in result.stderr
-    resized = runjob_cli("job.toml", "--set", "dataset.image_size=16", "--output-dir", "resized")
+    resized = tester.cli("job.toml", "--set", "dataset.image_size=16", "--output-dir", "resized")
     assert resized.returncode == 0, resized.stderr[-2000:]
 
 
-def test_output_dir_holding_a_run_is_not_overwritten(runjob_cli, tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "job.toml").write_text("# an earlier run\n")
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="exists"))
-    result = runjob_cli("job.toml", "--output-dir", "out")
+def test_output_dir_holding_a_run_is_not_overwritten(tester):
+    (tester.path / "out").mkdir()
+    (tester.path / "out" / "job.toml").write_text("# an earlier run\n")
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="exists"))
+    result = tester.cli("job.toml", "--output-dir", "out")
     assert result.returncode == 2
     assert "already holds a run" in result.stderr
-    assert (tmp_path / "out" / "job.toml").read_text() == "# an earlier run\n"
+    assert (tester.path / "out" / "job.toml").read_text() == "# an earlier run\n"
 
 
-def test_headline_job_runs_on_cifar_files_the_test_wrote(runjob_cli, tmp_path):
-    from conftest import REPO, write_cifar_batches
-
-    write_cifar_batches(tmp_path / "cifar", per_batch=16)
-    result = runjob_cli(
-        str(REPO / "jobs" / "resnet_cifar.toml"),
+def test_headline_job_runs_on_cifar_files_the_test_wrote(runjob_tester):
+    write_cifar_batches(runjob_tester.path / "cifar", per_batch=16)
+    result = runjob_tester.cli(
+        REPO / "jobs" / "resnet_cifar.toml",
         "--set",
         "dataset.root=cifar",
         "--set",
@@ -286,71 +256,62 @@ def test_headline_job_runs_on_cifar_files_the_test_wrote(runjob_cli, tmp_path):
         "train.mixed_precision=no",
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    _, run = only_run(tmp_path, "cifar10")
-    assert run.info.status == "FINISHED"
-    assert run.data.params["model.cifar_stem"] == "true"
-    assert run.data.params["scheduler.name"] == "onecycle"
+    run = runjob_tester.only_run("cifar10")
+    assert run.status == "FINISHED"
+    assert run.params["model.cifar_stem"] == "true"
+    assert run.params["scheduler.name"] == "onecycle"
 
 
-def test_same_job_and_seed_give_the_same_weights(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="seeded"))
+def test_same_job_and_seed_give_the_same_weights(tester):
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="seeded"))
     steps = ("--set", "train.max_steps=3")
     for out in ("a", "b"):
-        result = runjob_cli("job.toml", *steps, "--output-dir", out)
+        result = tester.cli("job.toml", *steps, "--output-dir", out)
         assert result.returncode == 0, result.stderr[-2000:]
-    other = runjob_cli("job.toml", *steps, "--set", "job.seed=1", "--output-dir", "c")
+    other = tester.cli("job.toml", *steps, "--set", "job.seed=1", "--output-dir", "c")
     assert other.returncode == 0, other.stderr[-2000:]
-    weights = {out: (tmp_path / out / "model.safetensors").read_bytes() for out in "abc"}
+    weights = {out: (tester.path / out / "model.safetensors").read_bytes() for out in "abc"}
     assert weights["a"] == weights["b"]
     assert weights["a"] != weights["c"]
 
 
-def test_fsdp_on_a_cpu_stops_instead_of_training_ddp(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="fsdp"))
-    result = runjob_cli("job.toml", "--set", "strategy.name=fsdp")
+def test_fsdp_on_a_cpu_stops_instead_of_training_ddp(tester):
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="fsdp"))
+    result = tester.cli("job.toml", "--set", "strategy.name=fsdp")
     assert result.returncode == 2
     assert "strategy.name = 'fsdp' needs FSDP (FSDP needs CUDA GPUs), but Accelerate set up NO" in result.stderr
     assert "Traceback" not in result.stderr
-    assert not (tmp_path / "runs").exists()  # stopped before the output folder or an MLflow run
+    assert not (tester.path / "runs").exists()  # stopped before the output folder or an MLflow run
 
 
-def test_deepspeed_without_its_extra_says_how_to_install(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="ds"))
-    result = runjob_cli("job.toml", "--set", "strategy.name=deepspeed", "--set", "strategy.zero_stage=3")
+def test_deepspeed_without_its_extra_says_how_to_install(tester):
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="ds"))
+    result = tester.cli("job.toml", "--set", "strategy.name=deepspeed", "--set", "strategy.zero_stage=3")
     assert result.returncode == 2
     assert "pip install 'runjob-train[deepspeed]'" in result.stderr
 
 
-def test_secrets_never_reach_mlflow(runjob_cli, tmp_path):
-    write_job(
-        tmp_path / "job.toml",
+def test_secrets_never_reach_mlflow(tester):
+    tester.write_job(
+        "job.toml",
         SMALL_DIGITS.format(name="secrets") + '\n[tracking.tags]\nwarehouse = "postgresql://me:hunter2@db/x"\n',
     )
-    result = runjob_cli("job.toml", "--set", "train.max_steps=1", "--set", "tracking.tags.api_token=abc123")
+    result = tester.cli("job.toml", "--set", "train.max_steps=1", "--set", "tracking.tags.api_token=abc123")
     assert result.returncode == 0, result.stderr[-2000:]
-    client, run = only_run(tmp_path, "secrets")
-    recorded = json.dumps([run.data.params, run.data.tags])
-    artifact = Path(client.download_artifacts(run.info.run_id, "job.toml", str(tmp_path))).read_text()
+    run = tester.only_run("secrets")
+    recorded = json.dumps([run.params, run.tags])
+    artifact = run.download("job.toml", tester.path / "downloaded").read_text()
     for secret in ("hunter2", "abc123"):
         assert secret not in recorded and secret not in artifact
-    assert run.data.tags["warehouse"] == "postgresql://me:***@db/x" and run.data.tags["api_token"] == "***"
-    (out,) = (tmp_path / "runs" / "secrets").iterdir()
+    assert run.tags["warehouse"] == "postgresql://me:***@db/x" and run.tags["api_token"] == "***"
+    (out,) = (tester.path / "runs" / "secrets").iterdir()
     assert "abc123" in (out / "job.toml").read_text()  # the local job stays complete, to run again
 
 
-def test_poisoned_learning_rate_stops_with_advice(runjob_cli, tmp_path):
-    write_job(tmp_path / "job.toml", SMALL_DIGITS.format(name="poison"))
-    result = runjob_cli(
-        "job.toml",
-        "--set",
-        "optimizer.name=sgd",
-        "--set",
-        "optimizer.lr=1e6",
-        "--set",
-        "train.max_steps=20",
-        "--set",
-        "train.log_every=5",
-    )
+def test_poisoned_learning_rate_stops_with_advice(tester):
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="poison"))
+    poison = ("--set", "optimizer.name=sgd", "--set", "optimizer.lr=1e6", "--set", "train.max_steps=20")
+    result = tester.cli("job.toml", *poison, "--set", "train.log_every=5")
     assert result.returncode == 2
     message = result.stderr.strip().splitlines()[-1]
     assert (
@@ -359,30 +320,14 @@ def test_poisoned_learning_rate_stops_with_advice(runjob_cli, tmp_path):
         and "train.max_grad_norm" in message
     )
     assert "Traceback" not in result.stderr
-    _, run = only_run(tmp_path, "poison")
-    assert run.info.status == "FAILED" and "NaN or infinite" in run.data.tags["runjob.error"]
-    skipping = runjob_cli(
-        "job.toml",
-        "--set",
-        "optimizer.name=sgd",
-        "--set",
-        "optimizer.lr=1e6",
-        "--set",
-        "train.max_steps=20",
-        "--set",
-        "train.log_every=5",
-        "--set",
-        "train.on_nonfinite=skip",
-        "--output-dir",
-        "skip",
+    run = tester.only_run("poison")
+    assert run.status == "FAILED" and "NaN or infinite" in run.tags["runjob.error"]
+    skipping = tester.cli(
+        "job.toml", *poison, "--set", "train.log_every=5", "--set", "train.on_nonfinite=skip", "--output-dir", "skip"
     )
     assert skipping.returncode == 0, skipping.stderr[-2000:]
-    skipped = [
-        json.loads(l)
-        for l in (tmp_path / "skip" / "metrics.jsonl").read_text().splitlines()
-        if "nonfinite_skipped" in l
-    ]
-    assert skipped and skipped[-1]["value"] > 0
+    skipped = tester.record("skip").local_history("train/nonfinite_skipped")
+    assert skipped and skipped[-1][1] > 0
 
 
 OOM_PLUGIN = """
@@ -418,15 +363,10 @@ OOM_PLUGIN = """
 """
 
 
-def test_out_of_memory_names_the_batch_size_and_remedies(runjob_cli, tmp_path):
-    site = make_plugin_dist(
-        tmp_path / "site", "fake-greedy", "1.0", {"greedy": "fake_greedy"}, {"fake_greedy": OOM_PLUGIN}
-    )
-    write_job(
-        tmp_path / "job.toml",
-        SMALL_DIGITS.format(name="oom").replace('name = "resnet18"\n    num_classes = 10', 'name = "greedy"'),
-    )
-    result = runjob_cli("job.toml", extra_path=[site])
+def test_out_of_memory_names_the_batch_size_and_remedies(runjob_tester):
+    runjob_tester.install_plugin("fake-greedy", {"fake_greedy": OOM_PLUGIN}, {"greedy": "fake_greedy"})
+    runjob_tester.write_job("job.toml", SMALL_DIGITS.format(name="oom").replace('name = "tiny_cnn"', 'name = "greedy"'))
+    result = runjob_tester.cli("job.toml")
     assert result.returncode == 2, result.stderr[-2000:]
     message = result.stderr.strip().splitlines()[-1]
     assert "out of memory on cpu at step 3 with train.batch_size = 32 per process" in message

@@ -5,11 +5,11 @@ from __future__ import annotations
 import tomllib
 
 import pytest
-from conftest import write_job
 
 from runjob.errors import JobError
 from runjob.host.plugin_host import load_plugins
 from runjob.job.validation import load_resolved
+from runjob.testing import write_job
 
 CONTRACT = """
     [job]
@@ -223,7 +223,7 @@ def test_plan_shows_batches_precision_strategy_and_warnings(contract, host):
     assert "processes: 4 on 1 machine(s), 4 per machine" in text
     assert "batch: 32 per process x 4 = 128 global; gradient accumulation 2 -> 256 samples per optimizer step" in text
     assert "precision: fp16" in text and "strategy: fsdp (fsdp_version=2" in text
-    assert "warning: mixed_precision = 'fp16' needs a CUDA GPU" in text
+    assert "warning: train.mixed_precision = 'fp16' needs a GPU and none is used here" in text
     assert "warning: strategy 'fsdp' needs CUDA GPUs" in text
     assert "warning" not in "\n".join(plan_lines(job, has_gpu=True))
 
