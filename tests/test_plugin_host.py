@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
+from conftest import SMALL_DIGITS
 
 from runjob.errors import JobError
 from runjob.host import hookspecs
@@ -63,6 +64,7 @@ def test_misspelt_hook_is_a_failure_not_silence(runjob_tester):
     host = load_plugins()
     (failure,) = host.failures
     assert failure.name == "typo" and "runjob_register_model" in failure.error
+    assert failure.error == "unknown hook 'runjob_register_model'; did you mean 'runjob_register_models'?"
     assert "typo" not in {p.name for p in host.plugins}
 
 
@@ -124,3 +126,46 @@ def test_cifar_stem_changes_the_first_layers():
     assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
     assert isinstance(model.maxpool, torch.nn.Identity)
     assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+
+CARELESS_PLUGIN = """
+    import runjob
+
+    @runjob.hookimpl
+    def runjob_register_models(register):
+        register("careless_net", lambda options: None)
+
+    @runjob.hookimpl
+    def runjob_after_evaluation(run, epoch, step, metric):  # the spec says `metrics`
+        pass
+"""
+
+
+def test_a_hook_with_a_wrong_argument_name_only_matters_to_jobs_that_need_its_plugin(tester):
+    tester.install_plugin("fake-careless", {"fake_careless": CARELESS_PLUGIN}, {"careless": "fake_careless"})
+    reason = (
+        "hook runjob_after_evaluation(run, epoch, step, metric) takes 'metric', "
+        "which the specification runjob_after_evaluation(run, epoch, step, metrics) does not have"
+    )
+    listed = tester.cli("plugins")
+    assert listed.returncode == 0, listed.stderr
+    assert f"FAILED: careless  (fake-careless 1.0): {reason}" in listed.stdout.splitlines()
+    assert "tiny_models  (runjob-testing-tiny-models 1.0, runjob.testing:TINY_MODELS)" in listed.stdout
+    doctor = tester.cli("doctor")
+    assert f"[FAIL] plugin careless: careless (fake-careless 1.0) failed to load: {reason}" in doctor.stdout
+    assert doctor.returncode == 1  # a failed plugin is a failure to fix
+
+    # a job that does not use it validates and trains
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="other"))
+    valid = tester.cli("validate", "job.toml")
+    assert valid.returncode == 0, valid.stderr
+    run = tester.run("job.toml", "train.max_steps=2", "tracking.log_model=none")
+    assert run.exit_code == 0 and run.status == "FINISHED"
+    assert "runjob.plugin.careless" not in run.tags
+    # a job that needs what it would have provided is told why it is missing, before the list of names
+    needs = tester.cli("validate", "job.toml", "--set", "model.name=careless_net")
+    assert needs.returncode == 2
+    (line,) = needs.stderr_lines
+    assert line.startswith("runjob: --set: model.name: unknown model 'careless_net'")
+    failed = f"Plugins that failed to load, which may have provided it: careless ({reason})."
+    assert failed in line and line.index(failed) < line.index("Known models: ")
