@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["runjob.testing"]
+pytest_plugins = ["runjob.testing", "pytester"]  # pytester: the kit's own tests run pytest inside
 
 REPO = Path(__file__).resolve().parents[1]
 

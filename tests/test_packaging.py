@@ -69,9 +69,15 @@ def test_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
     assert "FAILED" not in proc.stdout
 
 
+def project_files() -> list[str]:
+    return sorted(str(p.relative_to(EXAMPLE)) for p in EXAMPLE.rglob("*") if "__pycache__" not in p.parts)
+
+
 @pytest.mark.e2e
 def test_example_plugin_package_plugs_in_through_its_entry_point(runjob_tester):
+    before = project_files()
     target = install_project(EXAMPLE, runjob_tester.path / "site")
+    assert project_files() == before, "built from a copy: no build/ or *.egg-info in the project"
     # a fresh interpreter with the installed package on its path lists it and checks its options
     listed = run_process_group(
         [sys.executable, "-m", "runjob", "plugins"], runjob_tester.path, clean_env(runjob_tester.path, [target]), 120
