@@ -24,8 +24,15 @@ working directory, a private MLflow store (sqlite, copied from an initialised em
         bad = runjob_tester.cli("validate", "job.toml", "--set", "model.width=0")
         assert bad.returncode == 2 and "model.width" in bad.stderr
 
-Everything here imports only the standard library and pytest at import time; torch, accelerate
-and mlflow are imported by the calls that need them.
+At import time this module loads only the standard library, pytest and runjob's light top-level
+package; torch, accelerate and mlflow are imported by the calls that need them.
+
+What it offers: the fixtures ``runjob_tester`` (a :class:`RunjobTester`), ``mlflow_server`` (the
+URL of a real ``mlflow server``) and ``empty_mlflow_db``; and, for use without them,
+:func:`free_port`, :func:`write_job`, :func:`make_plugin_dist`, :func:`install_project`,
+:func:`clean_env`, :func:`run_process_group`, :func:`running_mlflow_server`,
+:func:`init_mlflow_store`, :func:`read_run` (a :class:`RecordedRun`, with its :class:`MlflowRun`)
+and :data:`TINY_MODELS`, a plugin with a tiny test model (``tiny_cnn``).
 """
 
 from __future__ import annotations

@@ -19,6 +19,12 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that start processes (marked e2e, the longest) first: the two xdist workers share
+    them out, and the quick in-process tests fill in the end instead of one long test ending alone."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 @pytest.fixture(scope="session")
 def digits_folder(tmp_path_factory) -> Path:
     """scikit-learn's digits written as PNGs in train/<digit>/ and val/<digit>/ (the contract layout)."""
