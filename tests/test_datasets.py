@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import write_cifar_batches
+from helpers import write_cifar_batches
 
 from runjob.errors import DataError
 from runjob.plugins.digits import DigitsOptions, build_digits

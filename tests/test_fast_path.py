@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import write_cifar_batches
+from helpers import write_cifar_batches
 
 from runjob.errors import DataError
 from runjob.host.components import ImageTensors

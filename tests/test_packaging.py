@@ -1,5 +1,6 @@
 """Packaging: a plain wheel holds runjob, its plugins and its test kit; a plugin package plugs in by
-entry point alone, and its own tests (written with the kit) pass."""
+entry point alone. (The example plugin's own tests, written with the kit, are collected with these:
+testpaths in pyproject.toml.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import zipfile
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from runjob.testing import clean_env, install_project, run_process_group
 
@@ -122,15 +123,3 @@ def test_example_plugin_package_plugs_in_through_its_entry_point(runjob_tester):
     assert run.status == "FINISHED"
     assert run.tags["runjob.plugin.tinymlp"] == "runjob-tinymlp 0.1.0"
     assert run.metrics["val/accuracy"] > 0.8  # a small MLP learns the digits too
-
-
-@pytest.mark.e2e
-def test_the_example_plugins_own_tests_pass(tmp_path):
-    """examples/runjob-tinymlp/tests, written with runjob.testing as a plugin author writes them, run
-    with the example's own pytest settings. In a process of its own: a pytest session inside this
-    one (pytester) would forget, after it, the modules it imported first, torch among them, and
-    torch cannot be imported twice in one process."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "inner")]
-    result = run_process_group(command, EXAMPLE, clean_env(tmp_path), 480)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
-    assert "4 passed" in result.stdout

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 import pytest
-from conftest import SMALL_DIGITS
+from helpers import SMALL_DIGITS
 
 from runjob.errors import JobError
 from runjob.host import hookspecs

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import RESNET18_DIGITS, SMALL_DIGITS
+from helpers import RESNET18_DIGITS, SMALL_DIGITS
 
 from runjob.commands.cli import main
 

@@ -8,7 +8,7 @@ import sys
 import tomllib
 
 import pytest
-from conftest import RESNET18_DIGITS, SMALL_DIGITS
+from helpers import RESNET18_DIGITS, SMALL_DIGITS
 
 from runjob.commands.cli import main
 from runjob.commands.sweep import Trial, grid_points, make_plan, read_result, toml_value

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SMALL_DIGITS
+from helpers import SMALL_DIGITS
 
 from runjob.testing import make_plugin_dist, read_run
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import RESNET18_DIGITS, SMALL_DIGITS
+from helpers import RESNET18_DIGITS, SMALL_DIGITS
 
 from runjob.testing import MlflowRun, free_port, running_mlflow_server
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SMALL_DIGITS, write_cifar_batches
+from helpers import REPO, SMALL_DIGITS, write_cifar_batches
 from test_validation import CONTRACT
 
 pytestmark = pytest.mark.timeout(900)
