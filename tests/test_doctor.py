@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.server
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -18,7 +17,7 @@ import torch
 from runjob.commands import doctor
 from runjob.host.plugin_host import PluginFailure, PluginHost, load_plugins
 from runjob.job.validation import load_resolved
-from runjob.testing import write_job
+from runjob.testing import free_port, write_job
 
 NO_CUDA = not torch.cuda.is_available()
 cpu_only = pytest.mark.skipif(not NO_CUDA, reason="asserts what happens on a machine without CUDA")
@@ -83,12 +82,6 @@ def health_server():
     finally:
         server.shutdown()
         server.server_close()
-
-
-def closed_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- the whole doctor -------------------------------------------------------------------------
@@ -221,7 +214,7 @@ def test_fp16_with_train_cpu_fails_even_with_gpus(simulated_gpus, make_job):
 
 
 def test_unreachable_tracking_server_fails_quickly_naming_the_uri(monkeypatch):
-    uri = f"http://127.0.0.1:{closed_port()}"
+    uri = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
 
     started = time.monotonic()
