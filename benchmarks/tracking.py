@@ -22,17 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+
+from runjob.testing import running_mlflow_server  # noqa: E402
 
 GOAL_OVERHEAD = 0.01
 
@@ -100,61 +98,6 @@ def worker(args: argparse.Namespace) -> dict:
     return result
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(folder: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    folder.mkdir(parents=True, exist_ok=True)
-    command = [
-        sys.executable,
-        "-m",
-        "mlflow",
-        "server",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--backend-store-uri",
-        f"sqlite:///{folder}/mlflow.db",
-        "--default-artifact-root",
-        str(folder / "artifacts"),
-        "--workers",
-        "1",
-    ]
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    log = (folder / "server.log").open("w")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
-    while time.time() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(
-                f"mlflow server exited {server.returncode}: {(folder / 'server.log').read_text()[-2000:]}"
-            )
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2):
-                return server, uri
-        except OSError:
-            time.sleep(0.5)
-    stop_server(server)
-    raise RuntimeError("mlflow server did not answer /health within 180 s")
-
-
-def stop_server(server: subprocess.Popen) -> None:
-    """Stop the server we started (its own session: the server and its workers, nothing else)."""
-    if server.poll() is None:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-
-
 def sync_call_costs(uri: str, calls: int) -> dict[str, float]:
     """Milliseconds per synchronous log_metric and per log_batch of 5 metrics (medians)."""
     from mlflow import MlflowClient
@@ -216,11 +159,8 @@ def main() -> int:
     common.print_machine(info)
     if args.calls_only:
         with tempfile.TemporaryDirectory(prefix="runjob-bench-tracking-") as tmp:
-            server, uri = start_server(Path(tmp) / "server")
-            try:
+            with running_mlflow_server(Path(tmp) / "server") as uri:
                 calls = sync_call_costs(uri, args.calls)
-            finally:
-                stop_server(server)
         print(json.dumps({k: v for k, v in calls.items() if k.endswith("median")}))
         return 0
     modes = ["online", "offline"]
@@ -230,10 +170,9 @@ def main() -> int:
         work = Path(tmp)
         plugin_root = common.make_timer_plugin(work / "plugin")
         started = time.perf_counter()
-        server, uri = start_server(work / "server")
-        server_start_s = time.perf_counter() - started
-        print(f"mlflow server at {uri} (up in {server_start_s:.1f} s)", flush=True)
-        try:
+        with running_mlflow_server(work / "server") as uri:
+            server_start_s = time.perf_counter() - started
+            print(f"mlflow server at {uri} (up in {server_start_s:.1f} s)", flush=True)
             env = {**os.environ, "PYTHONUNBUFFERED": "1", **common.thread_env(args.threads), "MLFLOW_TRACKING_URI": uri}
             for rep in range(args.reps):
                 for mode in modes:
@@ -281,8 +220,6 @@ def main() -> int:
                         flush=True,
                     )
             calls = sync_call_costs(uri, args.calls)
-        finally:
-            stop_server(server)
 
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     online, offline = results["online"]["samples_per_s"], results["offline"]["samples_per_s"]

@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,8 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+
+from runjob.testing import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -58,12 +59,6 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 MAX_BYTES = 400_000
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_health(url: str, timeout: float = 120.0) -> None:

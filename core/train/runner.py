@@ -22,7 +22,7 @@ from runjob.job.validation import ResolvedJob
 from runjob.record.outputs import choose_output_dir
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.system_metrics import SystemMetricsSampler
-from runjob.record.tracking import Recorder, default_experiment, flatten
+from runjob.record.tracking import HTTP_DEFAULTS, Recorder, default_experiment, flatten
 from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
 from runjob.train.checkpoints import (
     BestWeights,
@@ -106,7 +106,8 @@ def run_job(
     can run several jobs one after another (tests, notebooks, benchmarks).
     """
     handlers = {signum: signal.getsignal(signum) for signum in _stop_signals(job.train.stop_signal)}
-    environment = {name: os.environ.get(name) for name in ACCELERATE_SWITCHES}
+    # Accelerate's switches and MLflow's HTTP retry bounds (tracking.HTTP_DEFAULTS) are set in os.environ
+    environment = {name: os.environ.get(name) for name in (*ACCELERATE_SWITCHES, *HTTP_DEFAULTS)}
     try:
         return _train(job, host, output_dir, resume, tags or {}, tracking_uri)
     finally:
@@ -322,7 +323,7 @@ ACCELERATE_SWITCHES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
 
 
 def _reset_accelerate(environment: dict[str, str | None]) -> None:
-    """Forget this run's Accelerator: its process-wide state and the switches it set."""
+    """Forget this run's Accelerator (its process-wide state) and put back the variables the run set."""
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(reset_partial_state=True)
