@@ -72,7 +72,8 @@ def test_the_resume_check_compares_whole_values_not_mlflow_params():
     saved = {"dataset": {"name": "imagefolder", "root": long + "a"}, "optimizer": {"name": "sgd", "lr": [0.9, 0.99]}}
     now = {"dataset": {"name": "imagefolder", "root": long + "b"}, "optimizer": {"name": "sgd", "lr": [0.9, 0.999]}}
     refused, allowed = compare_jobs(saved, now)
-    assert len(refused) == 1 and refused[0].startswith("dataset.root: xxx") and refused[0].endswith("a -> " + long + "b")
+    assert len(refused) == 1 and refused[0].startswith("dataset.root: xxx")
+    assert refused[0].endswith("a -> " + long + "b")
     assert allowed == ["optimizer.lr: [0.9, 0.99] -> [0.9, 0.999]"]
 
 
@@ -93,6 +94,7 @@ def test_the_local_record_round_trips_and_a_broken_one_is_one_line(tmp_path):
 
 def test_metric_points_of_every_machine_are_read_back(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"key": "train/loss", "value": 1.0, "step": 1, "timestamp": 5}\n')
-    (tmp_path / "metrics.node1.jsonl").write_text('{"key": "system/node1/cpu", "value": 3.0, "step": 0, "timestamp": 6}\n')
+    node = '{"key": "system/node1/cpu", "value": 3.0, "step": 0, "timestamp": 6}\n'
+    (tmp_path / "metrics.node1.jsonl").write_text(node)
     assert [p["key"] for p in read_metric_points(tmp_path)] == ["train/loss", "system/node1/cpu"]
     assert [p["key"] for p in read_metric_points(tmp_path, "metrics.jsonl")] == ["train/loss"]
