@@ -74,7 +74,7 @@ class RunRecord:
         """Replace the record in ``output_dir`` atomically (a crash leaves the old one or the new one)."""
         path = Path(output_dir) / RUN_RECORD
         partial = path.with_suffix(".json.tmp")
-        data = {key: value for key, value in asdict(self).items() if value is not None or key in _ALWAYS}
+        data = {key: value for key, value in asdict(self).items() if key not in _UNTIL_SET or value}
         partial.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         os.replace(partial, path)
 
@@ -87,8 +87,8 @@ class RunRecord:
         return True
 
 
-# kept in the file even when empty, so a reader sees the run has not been given them yet
-_ALWAYS = {"run_id", "end_time", "start_time", "tracking_uri"}
+# written only once they have a value: why MLflow is missing something, when it was synced, copies
+_UNTIL_SET = {"unsynced", "synced_at", "copies"}
 
 
 def run_id_in(output_dir: Path | None) -> str | None:
