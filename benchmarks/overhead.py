@@ -239,27 +239,7 @@ def profile(args, contestants, input_path, work, plugin_root, png_root, env) -> 
 
     for contestant in contestants:
         path = work / f"{contestant}.prof"
-        command = [
-            str(Path(__file__).resolve()),
-            "--worker",
-            contestant,
-            "--input",
-            input_path,
-            "--steps",
-            str(args.steps),
-            "--warmup",
-            str(args.warmup),
-            "--batch",
-            str(args.batch),
-            "--image-size",
-            str(args.image_size),
-            "--num-workers",
-            str(args.num_workers),
-            "--plugin-root",
-            str(plugin_root),
-            "--work",
-            str(work),
-        ] + (["--png-root", str(png_root)] if png_root else [])
+        command = worker_command(args, contestant, input_path, plugin_root, work, png_root)
         common.run_worker(
             command, env={**env, "RUNJOB_BENCH_PROFILE": f"{args.warmup}:{args.warmup + args.steps}:{path}"}
         )
@@ -272,6 +252,18 @@ def profile(args, contestants, input_path, work, plugin_root, png_root, env) -> 
         print(f"{contestant}: runjob's and Accelerate's own functions in that window, by cumulative time")
         stats.sort_stats("cumulative").print_stats(r"runjob|core/|plugins/|accelerate/", 15)
     return 0
+
+
+def worker_command(
+    args: argparse.Namespace, contestant: str, input_path: str, plugin_root: Path, work: Path, png_root: Path | None
+) -> list[str]:
+    """This script as one repetition's worker: ``contestant`` on ``input_path`` with the run's settings."""
+    settings = {"--steps": args.steps, "--warmup": args.warmup, "--batch": args.batch}
+    settings |= {"--image-size": args.image_size, "--num-workers": args.num_workers}
+    command = [str(Path(__file__).resolve()), "--worker", contestant, "--input", input_path]
+    command += [part for flag, value in settings.items() for part in (flag, str(value))]
+    command += ["--plugin-root", str(plugin_root), "--work", str(work)]
+    return command + (["--png-root", str(png_root)] if png_root else [])
 
 
 def main() -> int:
@@ -340,27 +332,7 @@ def main() -> int:
         for rep in range(args.reps):
             for input_path in inputs:
                 for contestant in contestants:
-                    command = [
-                        str(Path(__file__).resolve()),
-                        "--worker",
-                        contestant,
-                        "--input",
-                        input_path,
-                        "--steps",
-                        str(args.steps),
-                        "--warmup",
-                        str(args.warmup),
-                        "--batch",
-                        str(args.batch),
-                        "--image-size",
-                        str(args.image_size),
-                        "--num-workers",
-                        str(args.num_workers),
-                        "--plugin-root",
-                        str(plugin_root),
-                        "--work",
-                        str(work),
-                    ] + (["--png-root", str(png_root)] if png_root else [])
+                    command = worker_command(args, contestant, input_path, plugin_root, work, png_root)
                     load = common.load_now()
                     answer = common.run_worker(command, env=env)
                     rate = common.steady_rate(answer["step_times"], args.warmup, args.batch)
