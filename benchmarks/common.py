@@ -125,6 +125,21 @@ def machine() -> dict[str, Any]:
     }
 
 
+def add_repetition_arguments(parser: Any, what: str) -> None:
+    """The flags every timing benchmark takes: steps, warm-up, repetitions, batch, torch threads."""
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per repetition (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=5, help="steps not timed at the start of each repetition")
+    parser.add_argument("--reps", type=int, default=3, help=f"repetitions of each {what}, interleaved")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch (OpenMP/MKL) threads per run, 0 for torch's default (one per core); "
+        "1 keeps a run on a shared 2-core machine from stalling at OpenMP barriers whenever anything else runs",
+    )
+
+
 def thread_env(threads: int) -> dict[str, str]:
     """Environment for a worker with ``threads`` torch threads (0: torch's default)."""
     return {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else {}

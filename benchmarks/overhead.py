@@ -268,17 +268,7 @@ def worker_command(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per repetition (after the warm-up)")
-    parser.add_argument("--warmup", type=int, default=5, help="steps not timed at the start of each repetition")
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of each contestant, interleaved")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch (OpenMP/MKL) threads per run, 0 for torch's default (one per core); "
-        "1 keeps a run on a shared 2-core machine from stalling at OpenMP barriers whenever anything else runs",
-    )
+    common.add_repetition_arguments(parser, "contestant")
     parser.add_argument("--image-size", type=int, default=16, help="16 or 32 (ResNet-18 with its ImageNet stem)")
     parser.add_argument(
         "--num-workers", type=int, default=0, help="DataLoader workers on both sides (runjob's default is 0)"

@@ -129,17 +129,7 @@ def sync_call_costs(uri: str, calls: int) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per repetition (after the warm-up)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--reps", type=int, default=3, help="repetitions of each mode, interleaved")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch (OpenMP/MKL) threads per run, 0 for torch's default (one per core); "
-        "1 keeps a run on a shared 2-core machine from stalling at OpenMP barriers whenever anything else runs",
-    )
+    common.add_repetition_arguments(parser, "mode")
     parser.add_argument("--image-size", type=int, default=16)
     parser.add_argument("--calls", type=int, default=50, help="synchronous calls timed for the reference")
     parser.add_argument(

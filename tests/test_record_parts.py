@@ -188,3 +188,18 @@ def test_sync_of_a_folder_that_holds_no_run_is_one_clear_line(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == [
         f"runjob: {tmp_path}: no mlflow_run.json here: not the output folder of a runjob run"
     ]
+
+
+def test_the_logged_model_requires_torch_and_the_package_that_defines_the_model():
+    """Not torchvision for every model: the distribution of the model's own class, pinned."""
+    import importlib.metadata
+
+    import torch
+    import torchvision
+
+    from runjob.record.model_logging import model_requirements
+
+    torch_pin = f"torch=={torch.__version__.split('+')[0]}"
+    assert model_requirements(torch.nn.Sequential(torch.nn.Linear(4, 3))) == [torch_pin]
+    vision_pin = f"torchvision=={importlib.metadata.version('torchvision').split('+')[0]}"
+    assert model_requirements(torchvision.models.resnet18(num_classes=10)) == [torch_pin, vision_pin]

@@ -32,7 +32,7 @@ from runjob.job.jobfile import RawJob, apply_override
 from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
 from runjob.job.validation import ResolvedJob, resolve
 from runjob.record.local import last_values, run_id_in
-from runjob.train.entry import tag_arguments
+from runjob.train.entry import run_arguments
 
 TRIALS_FILE = "trials.json"  # every trial's overrides, status, value and run; in the sweep folder and on the parent run
 USER_MISTAKE_EXIT = 2  # a trial that exits with this stops the sweep: every other trial would repeat it
@@ -282,9 +282,8 @@ def run_trial(trial: Trial, command: list[str], signals: SignalForwarder) -> int
 def trial_command(job_path: Path, overrides: list[str], trial: Trial, tags: dict[str, str]) -> list[str]:
     """``python -m runjob run JOB --set ... --tag ... --output-dir SWEEP_DIR/trial-NNN``: the trial
     is an ordinary run in a process of its own (so ``[launch]`` works for trials too)."""
-    sets = [part for text in [*overrides, *trial.overrides] for part in ("--set", text)]
-    command = [sys.executable, "-m", "runjob", "run", str(job_path), *sets, *tag_arguments(tags)]
-    return [*command, "--output-dir", str(trial.output_dir)]
+    arguments = run_arguments(job_path, [*overrides, *trial.overrides], trial.output_dir, tags=tags)
+    return [sys.executable, "-m", "runjob", *arguments]
 
 
 def read_result(trial: Trial, metric: str) -> None:

@@ -114,7 +114,7 @@ class ImageTensors:
     ``images``: ``(N, C, H, W)``, uint8 (0-255) or floating point (0-1). ``labels``: ``(N,)``
     integer class indices. ``mean`` / ``std``: per-channel normalization applied after scaling to
     0-1. ``crop_padding``: a random crop of the original size after zero-padding every side by this
-    many pixels (``torchvision.transforms.RandomCrop(size, padding=crop_padding)``; 0: none).
+    many pixels (0: none).
     ``flip``: a random horizontal flip with probability 0.5. The random draws are seeded by the
     job's seed and the batch, so runs repeat and a resumed run sees the same batches.
     """

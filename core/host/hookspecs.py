@@ -9,7 +9,7 @@ Two families of hooks exist:
 
 * **Registration hooks** (``runjob_register_*``) are called once when plugins are loaded, before
   any job is read. Each receives a ``register`` callback; call it once per component the plugin
-  provides. They must not import heavy libraries (torch, torchvision): do that inside factories,
+  provides. They must not import heavy libraries (torch and what builds on it): do that inside factories,
   so ``runjob --help`` and ``runjob validate`` stay fast.
 * **Training event hooks** (``runjob_run_start`` ... ``runjob_run_end``) are called during a run,
   on every process, so a plugin can observe or extend training. Use ``run.accelerator

@@ -21,7 +21,6 @@ def save_mlflow_model(job: Any, output_dir: Path, first_input: Any) -> Path:
     ``first_input`` is one input as the model sees it (a CPU tensor), for the input example."""
     import mlflow.pytorch
     import torch
-    import torchvision
     from accelerate.utils import load_checkpoint_in_model
 
     model = job.model.component.factory(job.model.options)
@@ -29,10 +28,7 @@ def save_mlflow_model(job: Any, output_dir: Path, first_input: Any) -> Path:
     model.eval()
     folder = output_dir / MODEL_FOLDER
     shutil.rmtree(folder, ignore_errors=True)
-    requirements = [
-        f"torch=={torch.__version__.split('+')[0]}",
-        f"torchvision=={torchvision.__version__.split('+')[0]}",
-    ]
+    requirements = model_requirements(model)
     example = torch.stack([first_input, first_input])  # a batch of 2: torch.export fixes a batch of 1 as a constant
     if job.tracking.log_model == "pickle":
         # MLflow warns on every pickle save; runjob's docs say what pickle means (README, tracking.log_model)
@@ -53,3 +49,15 @@ def save_mlflow_model(job: Any, output_dir: Path, first_input: Any) -> Path:
             "the weights are saved in model.safetensors. Use tracking.log_model = 'pickle' (or 'none')"
         ) from None
     return folder
+
+
+def model_requirements(model: Any) -> list[str]:
+    """The pip requirements of ``model``: torch, and the distribution whose package defines the
+    model's class (torchvision for its models, a plugin's own distribution for its models), each
+    pinned to the installed version without a local build tag (``2.6.0``, not ``2.6.0+cu124``)."""
+    import importlib.metadata
+
+    packages = {"torch", type(model).__module__.partition(".")[0]}
+    distributions = importlib.metadata.packages_distributions()
+    names = sorted({dist for package in packages for dist in distributions.get(package, [])})
+    return [f"{name}=={importlib.metadata.version(name).split('+')[0]}" for name in names]

@@ -76,18 +76,34 @@ def run(
             print(f"runjob: {sweep_note('this trains the base job as written')}", file=sys.stderr)
         if launch.num_processes > 1 or launch.num_machines > 1:
             output_dir = output_dir if resume else choose_output_dir(job.job.name, output_dir)
-            code = launch_workers(
-                launch, job_file, list(overrides), output_dir, resume=resume, tags=tags, tracking_uri=tracking_uri
-            )
+            worker = run_arguments(job_file, overrides, output_dir, resume, tags, tracking_uri)
+            code = launch_workers(launch, worker, output_dir)
             return RunOutcome(code, output_dir, run_id_in(output_dir))
     from runjob.train.runner import run_job
 
     return run_job(job, host, output_dir=output_dir, resume=resume, tags=tags, tracking_uri=tracking_uri)
 
 
-def tag_arguments(tags: Mapping[str, str]) -> list[str]:
-    """``--tag KEY=VALUE`` for each tag: how a run started in another process receives them."""
-    return [part for key, value in tags.items() for part in ("--tag", f"{key}={value}")]
+def run_arguments(
+    job_file: Path,
+    overrides: Sequence[str] = (),
+    output_dir: Path | None = None,
+    resume: Path | bool | None = None,
+    tags: Mapping[str, str] | None = None,
+    tracking_uri: str | None = None,
+) -> list[str]:
+    """``run JOB --output-dir ... --set ... --tag ...``: the arguments of ``runjob`` that make a
+    process of its own call :func:`run` with these values (launched workers, sweep trials)."""
+    arguments = ["run", str(job_file)]
+    if output_dir is not None:
+        arguments += ["--output-dir", str(output_dir)]
+    if resume:
+        arguments += ["--resume"] + ([str(resume)] if isinstance(resume, Path) else [])
+    arguments += [part for override in overrides for part in ("--set", override)]
+    arguments += [part for key, value in (tags or {}).items() for part in ("--tag", f"{key}={value}")]
+    if tracking_uri:
+        arguments += ["--tracking-uri", tracking_uri]
+    return arguments
 
 
 def parse_tags(texts: Sequence[str]) -> dict[str, Any]:

@@ -16,7 +16,6 @@ from typing import Any
 
 from runjob.errors import RunjobError
 from runjob.record.tracking import close_failed_run
-from runjob.train.entry import tag_arguments
 
 
 def launched_processes() -> int:
@@ -62,17 +61,9 @@ def check_launched_as_asked(launch: Any) -> None:
         )
 
 
-def torchrun_arguments(
-    launch: Any,
-    job_path: Path,
-    overrides: list[str],
-    output_dir: Path | None,
-    resume: Path | bool | None = None,
-    tags: dict[str, str] | None = None,
-    tracking_uri: str | None = None,
-) -> list[str]:
-    """The ``torch.distributed.run`` command line that starts this machine's workers: each runs
-    ``runjob run`` with the same job, overrides, folder, tags and tracking URI."""
+def torchrun_arguments(launch: Any, run_arguments: list[str]) -> list[str]:
+    """The ``torch.distributed.run`` command line that starts this machine's workers, each running
+    ``python -m runjob`` with ``run_arguments`` (see :func:`runjob.train.entry.run_arguments`)."""
     arguments = [
         "--nnodes",
         str(launch.num_machines),
@@ -92,28 +83,10 @@ def torchrun_arguments(
             "--master-port",
             str(launch.main_process_port or 29500),
         ]
-    worker = ["-m", "runjob", "run", str(job_path)]
-    if output_dir is not None:
-        worker += ["--output-dir", str(output_dir)]
-    if resume:
-        worker += ["--resume"] + ([str(resume)] if isinstance(resume, Path) else [])
-    for override in overrides:
-        worker += ["--set", override]
-    worker += tag_arguments(tags or {})
-    if tracking_uri:
-        worker += ["--tracking-uri", tracking_uri]
-    return arguments + worker
+    return [*arguments, "-m", "runjob", *run_arguments]
 
 
-def launch_workers(
-    launch: Any,
-    job_path: Path,
-    overrides: list[str],
-    output_dir: Path | None,
-    resume: Path | bool | None = None,
-    tags: dict[str, str] | None = None,
-    tracking_uri: str | None = None,
-) -> int:
+def launch_workers(launch: Any, run_arguments: list[str], output_dir: Path | None) -> int:
     """Start the workers and wait; returns 0, or the exit code of the first worker that failed.
 
     A stop signal sent to this process (SIGTERM from a scheduler) reaches the workers through
@@ -123,7 +96,7 @@ def launch_workers(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    arguments = torchrun_arguments(launch, job_path, overrides, output_dir, resume, tags, tracking_uri)
+    arguments = torchrun_arguments(launch, run_arguments)
     print(
         f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of "
         f"{launch.num_machines} (torch.distributed.run)",
