@@ -1,7 +1,8 @@
 """runjob: a declarative training launcher. One TOML job file; pluggy plugins; Accelerate; MLflow.
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
-``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``ImageTensors``, ``StrategyPlan``, ``RunContext`` and the
+``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
+``TaskOptions``, ``RunContext`` and the
 error types; ``run`` trains a job file from Python, as ``runjob run`` does. Nothing here imports torch,
 accelerate or mlflow.
 """
@@ -22,6 +23,8 @@ _LAZY = {
     "ImageTensors": "runjob.host.components",
     "StrategyPlan": "runjob.host.components",
     "require_module": "runjob.host.components",
+    "Task": "runjob.host.task",
+    "TaskOptions": "runjob.host.task",
     "RunContext": "runjob.host.run_context",
     "run": "runjob.train.entry",
     "RunOutcome": "runjob.train.entry",

@@ -18,7 +18,7 @@ from runjob.plugins.image_datasets import (
     build_cifar10,
     build_imagefolder,
 )
-from runjob.train.data_loading import BatchedImages, example_input
+from runjob.train.data_loading import BatchedImages, example_batch
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -100,7 +100,9 @@ def test_in_memory_cifar_gives_torchvisions_validation_images(tmp_path):
     for index in range(20):
         image, label = slow.val[index]
         assert torch.allclose(inputs[index], image, atol=1e-5) and targets[index] == label
-    assert torch.allclose(example_input(fast.val), slow.val[0][0], atol=1e-5)
+    example, _ = example_batch(fast.val)  # the first item twice, as the MLflow model's input example
+    assert example.shape[0] == 2 and torch.allclose(example[1], slow.val[0][0], atol=1e-5)
+    assert torch.equal(example_batch(slow.val)[0], torch.stack([slow.val[0][0]] * 2))
 
 
 def test_in_memory_image_folder_decodes_once_to_the_same_inputs(digits_folder):

@@ -45,7 +45,8 @@ def test_job_sources_name_the_file_line_base_override_or_default(tmp_path):
 def test_flops_are_counted_on_a_shapes_only_model():
     import torch
 
-    from runjob.train.flops import meta_model, training_flops_per_sample
+    from runjob.plugins.tasks import Classification, ClassificationOptions, Regression, RegressionOptions
+    from runjob.train.flops import meta_model, training_flops_per_unit
 
     def build():
         return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
@@ -56,15 +57,18 @@ def test_flops_are_counted_on_a_shapes_only_model():
     assert torch.equal(rng, torch.get_rng_state()), "building it must not move the seeded random stream"
     # forward: 8*4 multiply-adds = 64 FLOPs; backward: the weight gradient, as many again (the
     # input needs no gradient); BatchNorm's elementwise work is not counted
-    assert training_flops_per_sample(shapes_only, (8,), torch.float32) == pytest.approx(4 * 8 * 4, rel=0.01)
-    assert (
-        training_flops_per_sample(meta_model(lambda: torch.nn.Linear(8, 4)), (5,), torch.float32) is None
-    )  # wrong shape: no count
+    regression = Regression(RegressionOptions())
+    batch = (torch.zeros(3, 8), torch.zeros(3, 4))
+    assert training_flops_per_unit(shapes_only, regression, batch) == pytest.approx(4 * 8 * 4, rel=0.01)
+    wrong = (torch.zeros(3, 5), torch.zeros(3, 4))
+    assert training_flops_per_unit(meta_model(lambda: torch.nn.Linear(8, 4)), regression, wrong) is None
     import torchvision
 
     resnet = meta_model(lambda: torchvision.models.resnet18(num_classes=10))
     # ~0.037 GMAC forward on 32x32 (shared/TRAPS.md): 2 FLOPs a MAC, backward about twice forward
-    assert training_flops_per_sample(resnet, (3, 32, 32), torch.float32) == pytest.approx(6 * 0.037e9, rel=0.15)
+    classification = Classification(ClassificationOptions(), num_classes=10)
+    images = (torch.zeros(4, 3, 32, 32), torch.zeros(4, dtype=torch.long))
+    assert training_flops_per_unit(resnet, classification, images) == pytest.approx(6 * 0.037e9, rel=0.15)
 
 
 def test_sync_reads_every_point_and_leaves_out_only_a_torn_last_line(tmp_path):
@@ -142,7 +146,7 @@ def test_the_final_model_is_an_mlflow_model_with_the_saved_weights(tmp_path, kin
         model=SimpleNamespace(name="tiny", options=None, component=SimpleNamespace(factory=build)),
         tracking=SimpleNamespace(log_model=kind),
     )
-    folder = save_mlflow_model(job, tmp_path, torch.zeros(4))
+    folder = save_mlflow_model(job, tmp_path, torch.zeros(2, 4))
     loaded = mlflow.pytorch.load_model(str(folder))
     inputs = torch.randn(5, 4)
     with torch.no_grad():

@@ -80,7 +80,8 @@ def test_grid_refuses_ranges_and_a_budget_below_its_size(tmp_path, monkeypatch, 
     )
     assert code == 2
     assert err == [
-        'runjob: job.toml:12: sweep: direction is required with metric = "val/loss": "maximize" or "minimize"',
+        "runjob: job.toml:13: sweep.trials: the grid has 4 combinations, more than trials = 3: raise trials or leave "
+        "it out to run them all",
         'runjob: job.toml:18: sweep.parameters.optimizer.weight_decay: a range needs method = "random" or "tpe"; '
         "a grid takes a list of values to try (got {'low': 1e-05, 'high': 0.01, 'log': True})",
     ]

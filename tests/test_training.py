@@ -159,8 +159,8 @@ def test_model_that_does_not_fit_the_data_fails_clearly(tester):
     result = tester.cli("job.toml", "--set", "model.num_classes=5")
     assert result.returncode == 2
     assert (
-        "runjob: model 'tiny_cnn' gives outputs of shape (32, 5), but dataset 'digits' has 10 classes: "
-        "set model.num_classes = 10" in result.stderr
+        "runjob: model 'tiny_cnn' does not fit task 'classification' with dataset 'digits': outputs of shape "
+        "(32, 5), but the dataset has 10 classes: set model.num_classes = 10" in result.stderr
     )
     assert "Traceback" not in result.stderr
     run = tester.only_run("misfit")

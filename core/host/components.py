@@ -87,17 +87,26 @@ class Component:
 
 @dataclass
 class DatasetSplits:
-    """What a dataset factory returns: training and validation datasets of ``(input, label)``,
-    each a ``torch.utils.data.Dataset`` or an :class:`ImageTensors` (the in-memory fast path)."""
+    """What a dataset factory returns: training and validation datasets, each a
+    ``torch.utils.data.Dataset`` (items are whatever the job's task understands: ``(input, label)``
+    pairs, dicts, token windows) or an :class:`ImageTensors` (the in-memory fast path), and
+    optionally a test split, evaluated once with the final weights as ``test/...`` metrics."""
 
     train: Any
     val: Any
-    num_classes: int
+    num_classes: int | None = None
+    """How many classes the targets index (classification, segmentation), or how many token ids
+    there are (language modelling); ``None`` when targets are values (regression)."""
     classes: list[str] | None = None
     source: str | None = None
     """Where the data came from (a folder, a URL); recorded as the run's dataset lineage."""
     digest: str | None = None
     """A short fingerprint of the data's content; runjob derives one from the options when unset."""
+    test: Any = None
+    """A held-out split evaluated once at the end of training (``test/...`` metrics), or None."""
+    baselines: dict[str, float] = field(default_factory=dict)
+    """Reference values the data itself gives (e.g. ``{"unigram_perplexity": 24.1}``), logged once
+    as ``baseline/<name>`` metrics so runs can be read against them."""
 
 
 @dataclass

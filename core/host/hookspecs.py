@@ -35,8 +35,10 @@ def runjob_register_models(register):
     """Register model components (``[model] name = ...``).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
-    once per model. ``factory(options) -> torch.nn.Module`` returns a model whose forward takes a batch of inputs
-    and returns class logits of shape ``(batch, num_classes)``.
+    once per model. ``factory(options) -> torch.nn.Module`` returns a model whose forward takes what
+    the job's task passes it (by default the inputs of a batch) and returns what the task expects:
+    class logits of shape ``(batch, num_classes)`` for ``classification``, values of the targets'
+    shape for ``regression``, ``(batch, tokens, vocabulary)`` logits for ``language_modeling``.
     """
 
 
@@ -45,9 +47,11 @@ def runjob_register_datasets(register):
     """Register dataset components (``[dataset] name = ...``).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
-    once per dataset. ``factory(options) -> runjob.DatasetSplits`` returns the training
-    and validation ``torch.utils.data.Dataset`` objects (items are ``(input, class_index)`` pairs)
-    and the number of classes. A split that fits in memory may instead be a
+    once per dataset. ``factory(options) -> runjob.DatasetSplits`` returns the training and
+    validation ``torch.utils.data.Dataset`` objects (items are what the job's task reads:
+    ``(input, class_index)`` pairs for ``classification``, ``(input, values)`` for ``regression``,
+    token windows for ``language_modeling``), optionally a test split, and the number of classes.
+    A split that fits in memory may instead be a
     ``runjob.ImageTensors`` (one image tensor, labels, normalization, crop and flip): the host then
     keeps it on the training device and builds each batch there as whole tensors. The host adds
     the DataLoader keys (``num_workers``, ``pin_memory``, ``persistent_workers``,
@@ -93,6 +97,56 @@ def runjob_register_strategies(register):
     before anything is built: ``needs_gpu=True`` when it runs only on CUDA GPUs (validate then
     warns on a machine without one), ``max_processes=N`` when it runs at most N processes (validate
     warns, and a run with more stops). Built-in and third-party strategies get the same warnings.
+    """
+
+
+@hookspec
+def runjob_register_tasks(register):
+    """Register task components (``[task] name = ...``): what is learned from a batch.
+
+    Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
+    once per task. ``options`` must subclass :class:`runjob.TaskOptions` and override its
+    ``metrics()`` to declare what evaluation reports (names without the ``val/`` prefix, each
+    ``"max"`` or ``"min"``), so ``runjob validate`` checks ``train.best_metric`` and the
+    ``[sweep]`` metric before anything runs. ``factory(options, data) -> runjob.Task``, where
+    ``data`` is the dataset's :class:`runjob.DatasetSplits` (its ``num_classes``, ``classes``).
+
+    A :class:`runjob.Task` says what a batch means; the host does the rest (moving batches to the
+    device with Accelerate, backward, accumulation, clipping, the non-finite guard, the optimizer and
+    scheduler steps, gathering across processes). It implements:
+
+    * ``loss(outputs, batch)``: the training loss, a 0-dim tensor; ``outputs`` is
+      ``forward(model, batch)``, by default ``model(inputs(batch))`` with ``inputs`` the first item
+      of a tuple batch (override ``inputs``/``targets``/``forward`` for dicts and other batches);
+    * ``evaluate(outputs, batch)``: per-sample values ``{name: tensor of shape (batch, ...)}``; the
+      host gathers them across processes with ``gather_for_metrics`` (each validation sample
+      counted once) and sums them on the device;
+    * ``summarize(totals, count)``: the metrics from those sums (floats, or lists of floats for
+      per-sample vectors) and the number of samples, read back once per evaluation;
+    * optionally ``check(outputs, batch)``, run on the first training batch: raise
+      ``ValueError("outputs of shape ... but ...")`` when the model does not fit the task; and
+      ``count(batch)`` with the class attribute ``unit`` (``"samples"``, ``"tokens"``) for the
+      ``train/<unit>_per_s`` throughput.
+
+    A whole task, e.g. mean absolute error regression::
+
+        class MAEOptions(runjob.TaskOptions):
+            def metrics(self):
+                return {"mae": "min"}
+
+        class MAE(runjob.Task):
+            def loss(self, outputs, batch):
+                return (outputs - self.targets(batch)).abs().mean()
+
+            def evaluate(self, outputs, batch):
+                return {"error": (outputs - self.targets(batch)).abs().flatten(1).mean(1)}
+
+            def summarize(self, totals, count):
+                return {"mae": totals["error"] / count}
+
+        @runjob.hookimpl
+        def runjob_register_tasks(register):
+            register("mae", lambda options, data: MAE(), options=MAEOptions)
     """
 
 

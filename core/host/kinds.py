@@ -8,6 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from runjob.host.components import Options
+from runjob.host.task import TaskOptions
+
 
 @dataclass(frozen=True)
 class Fact:
@@ -22,12 +25,15 @@ class Fact:
 @dataclass(frozen=True)
 class Kind:
     """A kind of component: its job-file table (``[name]``), the plural that names its registration
-    hook, the component used when a job's table names none, and the facts its components may state."""
+    hook, the component used when a job's table names none, the facts its components may state, and
+    the base class of their options."""
 
     name: str
     plural: str
     default: str | None = None
     facts: dict[str, Fact] = field(default_factory=dict)
+    options_base: type[Options] = Options
+    """What its components' options must subclass (task options declare their metrics)."""
 
     @property
     def hook(self) -> str:
@@ -49,6 +55,7 @@ KINDS: tuple[Kind, ...] = (
             "max_processes": Fact((int, type(None)), None, "the most processes it runs (None: any)"),
         },
     ),
+    Kind("task", "tasks", default="classification", options_base=TaskOptions),
 )
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)

@@ -172,10 +172,12 @@ def _register_into(found: list[Component], kind: str, plugin_name: str) -> Calla
             raise TypeError(f"a {kind} name must be a non-empty string, got {name!r}")
         if not callable(factory):
             raise TypeError(f"{kind} {name!r}: factory {factory!r} is not callable")
-        if options is not None and not (isinstance(options, type) and issubclass(options, Options)):
-            raise TypeError(f"{kind} {name!r}: options must be a subclass of runjob.Options")
+        base = BY_NAME[kind].options_base
+        if options is not None and not (isinstance(options, type) and issubclass(options, base)):
+            raise TypeError(f"{kind} {name!r}: options must be a subclass of runjob.{base.__name__}")
         stated = checked_facts(BY_NAME[kind], name, facts)
-        found.append(Component(kind, name, factory, options or NoOptions, plugin_name, description, stated))
+        chosen = options or (NoOptions if base is Options else base)
+        found.append(Component(kind, name, factory, chosen, plugin_name, description, stated))
 
     return register
 

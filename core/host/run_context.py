@@ -13,7 +13,8 @@ class RunContext:
 
     ``job`` is the :class:`runjob.job.validation.ResolvedJob`; ``accelerator`` the
     ``accelerate.Accelerator``; ``model``, ``optimizer`` and the loaders are the prepared objects;
-    ``scheduler`` may be ``None``; ``mlflow_run_id`` is set on the main process only.
+    ``scheduler`` may be ``None``; ``mlflow_run_id`` is set on the main process only; ``task`` is
+    the job's :class:`runjob.Task`; ``test_loader`` is ``None`` unless the dataset has a test split.
     """
 
     job: Any
@@ -25,3 +26,5 @@ class RunContext:
     val_loader: Any
     output_dir: Path
     mlflow_run_id: str | None = None
+    task: Any = None
+    test_loader: Any = None

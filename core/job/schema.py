@@ -51,8 +51,12 @@ class TrainTable(Options):
     checkpoint_every: int | None = Field(None, ge=1)
     """Optimizer steps between checkpoints; one is written at every epoch end regardless."""
     keep_checkpoints: int = Field(2, ge=1)
-    best_metric: Literal["val/accuracy", "val/loss"] = "val/accuracy"
-    """The validation metric that picks the best checkpoint (accuracy: highest; loss: lowest)."""
+    best_metric: str | None = Field(None, min_length=1)
+    """The validation metric that picks the best weights (``best/``), one the job's task declares
+    (``val/accuracy``, ``val/loss``, ...), in the direction it declares; by default the task's first."""
+    eval_every: int | None = Field(None, ge=1)
+    """Optimizer steps between evaluations, besides the one at the end of every epoch (long
+    single-epoch or ``max_steps`` runs, language models)."""
     peak_tflops: float | None = Field(None, gt=0)
     """The device's peak TFLOP/s for MFU, when runjob's table doesn't know the device."""
     channels_last: bool = False
@@ -178,27 +182,16 @@ class SweepTable(Options):
     method: Literal["grid", "random", "tpe"] = "grid"
     trials: int | None = Field(None, ge=1)
     """The trial budget; a grid runs every combination, so it may be left out there."""
-    metric: str = Field("val/accuracy", min_length=1)
-    """A metric the trials log; its last value is the trial's result."""
+    metric: str | None = Field(None, min_length=1)
+    """A metric the trials log, one the job's task declares (``val/...``, ``test/...``) or
+    ``train/loss``; its last value is the trial's result. By default the task's first metric."""
     direction: Literal["maximize", "minimize"] | None = None
+    """By default the direction the task declares for the metric."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     parameters: dict[str, list[Any] | SweepRange]
 
-    @model_validator(mode="before")
-    @classmethod
-    def _maximize_accuracy(cls, data: object) -> object:
-        if (
-            isinstance(data, dict)
-            and data.get("direction") is None
-            and data.get("metric", "val/accuracy") == "val/accuracy"
-        ):
-            return {**data, "direction": "maximize"}
-        return data
-
     @model_validator(mode="after")
     def _complete(self) -> SweepTable:
-        if self.direction is None:
-            raise ValueError(f'direction is required with metric = "{self.metric}": "maximize" or "minimize"')
         if self.trials is None and self.method != "grid":
             raise ValueError(f'trials is required with method = "{self.method}": how many trials to run')
         return self

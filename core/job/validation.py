@@ -19,6 +19,7 @@ from runjob.host.components import Component, Options
 from runjob.host.kinds import BY_NAME as KINDS
 from runjob.host.kinds import NAMES as COMPONENT_TABLES
 from runjob.host.plugin_host import ComponentLookupError, PluginHost
+from runjob.host.task import EVALUATION_PREFIXES, declared_metrics
 from runjob.job.jobfile import RawJob, load_job
 from runjob.job.keys import flat
 from runjob.job.schema import (
@@ -69,6 +70,7 @@ class ResolvedJob:
     optimizer: Chosen
     scheduler: Chosen
     strategy: Chosen
+    task: Chosen
     sweep: SweepTable | None = None
     """The ``[sweep]`` table, for ``runjob sweep``; not part of the job itself (nor of ``to_dict``)."""
 
@@ -203,10 +205,84 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
     loader_values = {k: v for k, v in dataset_values.items() if k in LoaderOptions.model_fields}
     loader = _check(LoaderOptions, loader_values, "dataset", raw, problems)
     sweep = _check_sweep(raw, problems)
+    metrics = _declared_by(chosen["task"], raw, problems) if chosen["task"] is not None else None
+    if metrics:
+        if host_tables["train"] is not None:
+            host_tables["train"] = _best_metric(host_tables["train"], metrics, chosen["task"].name, raw, problems)
+        if sweep is not None:
+            sweep = _sweep_metric(sweep, metrics, chosen["task"].name, raw, problems)
 
     if problems:
         raise JobError(sorted(problems, key=lambda p: (p.file != str(raw.path), p.file, p.line or 0)))
     return ResolvedJob(source=raw, loader=loader, sweep=sweep, **host_tables, **chosen)  # type: ignore[arg-type]
+
+
+def task_metrics(task: Chosen) -> dict[str, str]:
+    """Every metric a run of ``task`` can report with its better direction ("max" or "min"): the
+    task's declared metrics for the validation and the test split, and the training loss."""
+    metrics: dict[str, str] = {}
+    for prefix in EVALUATION_PREFIXES:
+        metrics.update(declared_metrics(task.options, prefix))
+    metrics["train/loss"] = "min"
+    return metrics
+
+
+def _declared_by(task: Chosen, raw: RawJob, problems: list[Problem]) -> dict[str, str] | None:
+    """:func:`task_metrics`, or a problem at ``task.name`` when the task's plugin declares none
+    (or fails to say), so a broken plugin is reported like any other job problem."""
+    try:
+        metrics = task_metrics(task)
+        valid = all(isinstance(k, str) and v in ("max", "min") for k, v in metrics.items())
+        if valid and len(metrics) > 1:
+            return metrics
+        message = f"task {task.name!r} declares no metrics, or not as name -> 'max' or 'min': {metrics}"
+    except Exception as error:  # noqa: BLE001 - a plugin's bug is a problem with the job, not a traceback
+        message = f"task {task.name!r}: its options' metrics() failed: {type(error).__name__}: {error}"
+    origin = raw.origin("task.name")
+    problems.append(Problem(origin.file, "task.name", f"{message} (plugin {task.component.plugin})", origin.line))
+    return None
+
+
+def _not_declared(value: str, task: str, accepted: list[str]) -> str:
+    close = difflib.get_close_matches(value, accepted, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"{value!r} is not a metric of task {task!r}; {hint}it reports: {', '.join(accepted)}"
+
+
+def _best_metric(
+    train: TrainTable, metrics: dict[str, str], task: str, raw: RawJob, problems: list[Problem]
+) -> TrainTable:
+    """``train.best_metric`` checked against the task's validation metrics; by default its first."""
+    validation = [name for name in metrics if name.startswith("val/")]
+    if train.best_metric is None:
+        return train.model_copy(update={"best_metric": validation[0]})
+    if train.best_metric not in validation:
+        origin = raw.origin("train.best_metric")
+        message = _not_declared(train.best_metric, task, validation)
+        problems.append(Problem(origin.file, "train.best_metric", message, origin.line))
+    return train
+
+
+def _sweep_metric(
+    sweep: SweepTable, metrics: dict[str, str], task: str, raw: RawJob, problems: list[Problem]
+) -> SweepTable:
+    """``[sweep] metric`` checked against what the task reports, with its direction filled in."""
+    metric = sweep.metric or next(iter(metrics))
+    if metric not in metrics:
+        origin = raw.origin(f"{SWEEP_TABLE}.metric")
+        message = _not_declared(metric, task, list(metrics))
+        problems.append(Problem(origin.file, f"{SWEEP_TABLE}.metric", message, origin.line))
+        return sweep
+    declared = "maximize" if metrics[metric] == "max" else "minimize"
+    if sweep.direction is not None and sweep.direction != declared:
+        origin = raw.origin(f"{SWEEP_TABLE}.direction")
+        better = "higher" if declared == "maximize" else "lower"
+        message = (
+            f"{sweep.direction!r} is the wrong way for {metric}: task {task!r} says {better} is better "
+            f"(direction = {declared!r}, or leave it out)"
+        )
+        problems.append(Problem(origin.file, f"{SWEEP_TABLE}.direction", message, origin.line))
+    return sweep.model_copy(update={"metric": metric, "direction": declared})
 
 
 def _check_sweep(raw: RawJob, problems: list[Problem]) -> SweepTable | None:

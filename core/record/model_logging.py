@@ -16,9 +16,9 @@ from runjob.errors import TrainingError, first_line
 MODEL_FOLDER = "mlflow_model"
 
 
-def save_mlflow_model(job: Any, output_dir: Path, first_input: Any) -> Path:
+def save_mlflow_model(job: Any, output_dir: Path, example: Any) -> Path:
     """Write the MLflow model of the run's final weights to ``OUTPUT_DIR/mlflow_model``;
-    ``first_input`` is one input as the model sees it (a CPU tensor), for the input example."""
+    ``example`` is a batch of two inputs as the model sees them (a CPU tensor), for the input example."""
     import mlflow.pytorch
     import torch
     from accelerate.utils import load_checkpoint_in_model
@@ -29,7 +29,6 @@ def save_mlflow_model(job: Any, output_dir: Path, first_input: Any) -> Path:
     folder = output_dir / MODEL_FOLDER
     shutil.rmtree(folder, ignore_errors=True)
     requirements = model_requirements(model)
-    example = torch.stack([first_input, first_input])  # a batch of 2: torch.export fixes a batch of 1 as a constant
     if job.tracking.log_model == "pickle":
         # MLflow warns on every pickle save; runjob's docs say what pickle means (README, tracking.log_model)
         logger = logging.getLogger("mlflow.pytorch")
@@ -40,6 +39,12 @@ def save_mlflow_model(job: Any, output_dir: Path, first_input: Any) -> Path:
         finally:
             logger.setLevel(level)
         return folder
+    if not isinstance(example, torch.Tensor):
+        raise TrainingError(
+            f"tracking.log_model = 'pt2' needs a model that takes one tensor; model {job.model.name!r} takes "
+            f"{type(example).__name__} inputs. The weights are saved in model.safetensors. Use tracking.log_model = "
+            "'pickle' (or 'none')"
+        )
     try:
         mlflow.pytorch.save_model(model, str(folder), input_example=example.numpy(), pip_requirements=requirements)
     except Exception as error:  # noqa: BLE001 - torch.export refuses some models: say so, don't fall back

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError, describe
+from runjob.host.kinds import BY_NAME
 from runjob.job.keys import flat, value_text
 
 STATE_FILE = "runjob_state.json"
@@ -127,6 +128,7 @@ MUST_MATCH = (
     "dataset",
     "optimizer.name",
     "scheduler.name",
+    "task.name",
     "train.batch_size",
     "train.gradient_accumulation_steps",
     "launch.num_processes",
@@ -150,6 +152,8 @@ def _shown(values: dict[str, Any], key: str) -> str:
 def compare_jobs(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
     """Differences between the checkpoint's job and this one: (refused, allowed), as
     ``key: old -> new`` lines."""
+    # a job saved before tasks were components trained the default task
+    saved, current = ({"task": {"name": BY_NAME["task"].default}, **job} for job in (saved, current))
     old, new = flat(saved), flat(current)  # the whole values, not MLflow's params (cut at 6,000 characters)
     refused, allowed = [], []
     for key in sorted(set(old) | set(new)):
@@ -163,13 +167,13 @@ def compare_jobs(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[s
 
 class BestWeights:
     """Keeps ``OUTPUT_DIR/best/model.safetensors``: the weights at the evaluation with the best
-    ``train.best_metric`` so far, with ``best/best.json`` (metric, value, step). A resumed run
-    continues from the best recorded in the folder."""
+    ``train.best_metric`` so far (higher or lower, as the task declares), with ``best/best.json``
+    (metric, value, step). A resumed run continues from the best recorded in the folder."""
 
-    def __init__(self, output_dir: Path, metric: str) -> None:
+    def __init__(self, output_dir: Path, metric: str, higher_is_better: bool) -> None:
         self.folder = output_dir / "best"
         self.metric = metric
-        self.higher_is_better = metric != "val/loss"
+        self.higher_is_better = higher_is_better
         self.value: float | None = None
         self.step: int | None = None
         saved = self.folder / "best.json"

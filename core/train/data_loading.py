@@ -108,13 +108,14 @@ def pins_memory(job: Any, on_cuda: bool) -> bool:
     return on_cuda if job.loader.pin_memory is None else job.loader.pin_memory
 
 
-def example_input(split: Any) -> Any:
-    """One input of the split, on the CPU, as the model sees it (for logging the model)."""
+def example_batch(split: Any) -> Any:
+    """A batch of the split's first item, twice, on the CPU, as the loop sees it (for logging the
+    model: ``torch.export`` would fix a batch of one as a constant)."""
     if isinstance(split, ImageTensors):
         import torch
 
-        return BatchedImages(split, torch.device("cpu"), seed=0, augment=False)[0][0]
-    return split[0][0]
+        return BatchedImages(split, torch.device("cpu"), seed=0, augment=False).__getitems__([0, 0])
+    return collate([split[0], split[0]])
 
 
 def _check_in_memory_loader(job: Any) -> None:
@@ -137,14 +138,18 @@ def _check_in_memory_loader(job: Any) -> None:
         )
 
 
-def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any, Any]:
-    """Training (shuffled, seeded) and validation (in order, every sample once) DataLoaders."""
+def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any, Any, Any]:
+    """Training (shuffled, seeded), validation and test (in order, every sample once) DataLoaders;
+    the test loader is None when the dataset has no test split."""
     import torch
     from torch.utils.data import DataLoader
 
     dataset_name = job.dataset.name
     global_batch = job.train.batch_size * accelerator.num_processes
-    for split, data in (("train", splits.train), ("val", splits.val)):
+    named = [("train", splits.train), ("val", splits.val)]
+    if splits.test is not None:
+        named.append(("test", splits.test))
+    for split, data in named:
         if len(data) == 0:
             raise DataError(f"dataset {dataset_name!r}: the {split} split is empty")
     if job.train.drop_last and len(splits.train) < global_batch:
@@ -153,7 +158,7 @@ def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any
             f"({job.train.batch_size} x {accelerator.num_processes} processes); lower train.batch_size or set "
             "train.drop_last = false"
         )
-    in_memory = [isinstance(data, ImageTensors) for data in (splits.train, splits.val)]
+    in_memory = [isinstance(data, ImageTensors) for _, data in named]
     if any(in_memory):
         _check_in_memory_loader(job)
     loader = job.loader
@@ -180,10 +185,13 @@ def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any
         generator=torch.Generator().manual_seed(job.job.seed),
         **(on_device if in_memory[0] else common),
     )
-    val = DataLoader(
-        dataset(splits.val, augment=False),
-        batch_size=job.train.eval_batch_size or job.train.batch_size,
-        shuffle=False,
-        **(on_device if in_memory[1] else common),
-    )
-    return train, val
+    evaluation = [
+        DataLoader(
+            dataset(data, augment=False),
+            batch_size=job.train.eval_batch_size or job.train.batch_size,
+            shuffle=False,
+            **(on_device if fast else common),
+        )
+        for (_, data), fast in zip(named[1:], in_memory[1:], strict=True)
+    ]
+    return train, evaluation[0], evaluation[1] if len(evaluation) > 1 else None

@@ -37,25 +37,27 @@ def meta_model(build: Any) -> Any:
         return None
 
 
-def training_flops_per_sample(meta_model: Any, sample_shape: tuple[int, ...], dtype: Any) -> float | None:
-    """FLOPs of one forward and backward pass per sample of shape ``sample_shape`` (without the
-    batch dimension), counted on a :func:`meta_model`; ``None`` when the model cannot be counted."""
+def training_flops_per_unit(meta_model: Any, task: Any, batch: Any) -> float | None:
+    """FLOPs of one forward and backward pass per unit of ``batch`` (what ``task.count`` counts:
+    samples, tokens), counted on a :func:`meta_model` fed a meta-device copy of the batch's shapes;
+    ``None`` when the model cannot be counted."""
     import torch
+    from accelerate.utils import recursively_apply
     from torch.utils.flop_counter import FlopCounterMode
 
     if meta_model is None:
         return None
-    batch = 2  # BatchNorm needs more than one sample in training mode
     try:
         meta_model.train()
-        inputs = torch.empty((batch, *sample_shape), dtype=dtype, device="meta")
+        shapes = recursively_apply(lambda t: torch.empty_like(t, device="meta"), batch, error_on_other_type=False)
         counter = FlopCounterMode(display=False)
         with counter:
-            meta_model(inputs).float().sum().backward()
+            task.loss(task.forward(meta_model, shapes), shapes).float().backward()
         total = counter.get_total_flops()
-    except Exception:  # noqa: BLE001 - a model the counter can't trace just has no MFU
+        units = task.count(shapes)
+    except Exception:  # noqa: BLE001 - a model or task the counter can't trace just has no MFU
         return None
-    return total / batch if total else None
+    return total / units if total and units else None
 
 
 def peak_flops(device: Any, mixed_precision: str, configured_tflops: float | None) -> float | None:

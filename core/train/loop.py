@@ -39,58 +39,112 @@ def plan_schedule(train: Any, batches_per_epoch: int) -> Schedule:
     return Schedule(min(train.epochs, math.ceil(total / steps_per_epoch)), steps_per_epoch, total)
 
 
-def check_first_batch(logits: Any, num_classes: int, model_name: str, dataset_name: str) -> None:
-    """Stop with a clear message when the model's outputs do not fit the dataset's classes."""
-    if logits.ndim != 2 or logits.shape[1] != num_classes:
-        raise TrainingError(
-            f"model {model_name!r} gives outputs of shape {tuple(logits.shape)}, but dataset {dataset_name!r} has "
-            f"{num_classes} classes: set model.num_classes = {num_classes}"
-        )
+def shapes(batch: Any) -> str:
+    """The shapes in a batch of nested tuples, lists and dicts, for messages: ``(32, 3, 32, 32), (32,)``."""
+    if hasattr(batch, "shape"):
+        return str(tuple(batch.shape))
+    if isinstance(batch, dict):
+        return "{" + ", ".join(f"{key!r}: {shapes(value)}" for key, value in batch.items()) + "}"
+    if isinstance(batch, (tuple, list)):
+        return ", ".join(shapes(item) for item in batch)
+    return type(batch).__name__
 
 
-def _first_forward(model: Any, inputs: Any, job: Any) -> Any:
+def channels_last(batch: Any) -> Any:
+    """Every 4-D tensor of a batch (images) in channels-last memory; anything else as it is."""
+    import torch
+    from accelerate.utils import recursively_apply
+
+    def convert(tensor: Any) -> Any:
+        return tensor.contiguous(memory_format=torch.channels_last) if tensor.ndim == 4 else tensor
+
+    return recursively_apply(convert, batch, error_on_other_type=False)
+
+
+def first_loss(run: RunContext, batch: Any) -> Any:
+    """The loss of the first training batch, its outputs checked by the task: a model that cannot
+    take the data, or whose outputs do not fit the task, stops with one line naming all three."""
+    job, task = run.job, run.task
+    misfit = f"model {job.model.name!r} does not fit task {job.task.name!r} with dataset {job.dataset.name!r}"
     try:
-        return model(inputs)
+        inputs = task.inputs(batch)
+    except (ValueError, LookupError, TypeError) as error:  # the task cannot read the dataset's batches
+        raise TrainingError(
+            f"task {job.task.name!r} cannot read a batch of dataset {job.dataset.name!r} ({shapes(batch)}): "
+            f"{first_line(error)}"
+        ) from None
+    try:
+        outputs = task.forward(run.model, batch)
     except RuntimeError as error:
-        first = first_line(error)
         raise TrainingError(
             f"model {job.model.name!r} cannot take the inputs of dataset {job.dataset.name!r} "
-            f"(a batch of shape {tuple(inputs.shape)}): {first}"
+            f"(a batch of shape {shapes(inputs)}): {first_line(error)}"
+        ) from None
+    try:
+        task.check(outputs, batch)
+    except ValueError as error:  # the task says what is wrong, shapes included
+        raise TrainingError(f"{misfit}: {first_line(error)}") from None
+    try:
+        return task.loss(outputs, batch)
+    except (ValueError, RuntimeError) as error:  # a shape the loss can't take, said here rather than as a traceback
+        raise TrainingError(
+            f"{misfit}: {first_line(error)} (outputs {shapes(outputs)}; batch {shapes(batch)})"
         ) from None
 
 
-def channels_last(inputs: Any) -> Any:
-    """A batch of images (4-D) in channels-last memory; anything else as it is."""
+def evaluate(run: RunContext, loader: Any, prefix: str = "val") -> dict[str, float]:
+    """The task's metrics over a whole split (``prefix/name``): every sample counted once on all
+    processes (``gather_for_metrics``), sums kept on the device, read back once."""
     import torch
 
-    if getattr(inputs, "ndim", 0) == 4:
-        return inputs.contiguous(memory_format=torch.channels_last)
-    return inputs
-
-
-def evaluate(run: RunContext) -> dict[str, float]:
-    """Loss and accuracy over the whole validation set, every sample counted once on all processes."""
-    import torch
-    import torch.nn.functional as F
-
-    accelerator, model = run.accelerator, run.model
+    accelerator, model, task = run.accelerator, run.model, run.task
+    convert = run.job.train.channels_last
     model.eval()
-    loss_sum = torch.zeros((), device=accelerator.device, dtype=torch.float64)
-    correct = torch.zeros((), device=accelerator.device, dtype=torch.long)
+    totals: dict[str, Any] = {}
     count = 0
     with torch.no_grad():
-        for inputs, targets in run.val_loader:
-            if run.job.train.channels_last:
-                inputs = channels_last(inputs)
-            logits = model(inputs)
-            losses = F.cross_entropy(logits.float(), targets, reduction="none")
-            hits = logits.argmax(dim=-1) == targets
-            losses, hits = accelerator.gather_for_metrics((losses, hits))
-            loss_sum += losses.sum()
-            correct += hits.sum()
-            count += losses.numel()
+        for batch in loader:
+            if convert:
+                batch = channels_last(batch)
+            values = accelerator.gather_for_metrics(task.evaluate(task.forward(model, batch), batch))
+            for name, value in values.items():
+                total = value.sum(0)
+                if name in totals:
+                    totals[name] += total
+                else:
+                    totals[name] = total.to(torch.float64)
+            count += int(next(iter(values.values())).shape[0]) if values else 0
     model.train()
-    return {"val/loss": (loss_sum / count).item(), "val/accuracy": (correct.double() / count).item()}
+    return summarize(run, totals, count, prefix)
+
+
+def summarize(run: RunContext, totals: dict[str, Any], count: int, prefix: str) -> dict[str, float]:
+    """The task's summary of the totals (one device-to-host copy), checked against what it declares."""
+    import torch
+
+    read: dict[str, Any] = {}
+    if totals:
+        flat = torch.cat([total.reshape(-1) for total in totals.values()]).cpu()
+        offset = 0
+        for name, total in totals.items():
+            read[name] = flat[offset : offset + total.numel()].reshape(total.shape).tolist()
+            offset += total.numel()
+    summary = run.task.summarize(read, count)
+    declared = list(run.job.task.options.metrics())
+    task = run.job.task.name
+    missing = [name for name in declared if name not in summary]
+    if missing:
+        raise TrainingError(
+            f"task {task!r} declares {', '.join(missing)} but its summarize() did not return "
+            f"{'it' if len(missing) == 1 else 'them'} (it returned: {', '.join(summary) or 'nothing'})"
+        )
+    metrics = {}
+    for name in [*declared, *(name for name in summary if name not in declared)]:
+        value = summary[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TrainingError(f"task {task!r}: summarize() gave {name} = {value!r}, not a number")
+        metrics[f"{prefix}/{name}"] = float(value)
+    return metrics
 
 
 class NonFiniteGuard:
@@ -157,9 +211,10 @@ class StopRequest:
 class TrainingLoop:
     """Runs the schedule from ``start``, logging through ``record(metrics, step)``, calling the
     event hooks, writing checkpoints through ``checkpoint(position)`` and honouring ``stop``.
+    ``run.task`` turns each batch into a loss and each evaluation into metrics.
     ``on_evaluation(metrics, step)`` runs on every process after each evaluation. With
-    ``count_flops(first_inputs) -> FLOPs per sample`` the loop reports model TFLOP/s, and with
-    ``peak_flops`` (per process) MFU."""
+    ``count_flops(first_batch) -> FLOPs per unit`` (the task's unit: samples, tokens) the loop
+    reports model TFLOP/s, and with ``peak_flops`` (per process) MFU."""
 
     def __init__(
         self,
@@ -167,7 +222,6 @@ class TrainingLoop:
         hooks: Any,
         record: Any,
         schedule: Schedule,
-        num_classes: int,
         start: Position | None = None,
         checkpoint: Any = None,
         stop: StopRequest | None = None,
@@ -179,18 +233,19 @@ class TrainingLoop:
         self.hooks = hooks
         self.record = record
         self.schedule = schedule
-        self.num_classes = num_classes
         self.start = start or Position()
         self.step = self.start.step
         self.checkpoint = checkpoint or (lambda position: None)
         self.stop = stop or StopRequest()
         self.on_evaluation = on_evaluation or (lambda metrics, step: None)
         self.count_flops = count_flops
-        self.flops_per_sample: float | None = None
+        self.flops_per_unit: float | None = None
         self.peak_flops = peak_flops
         self.nonfinite = NonFiniteGuard(run.job.train.on_nonfinite, run.accelerator.device)
         self.last_metrics: dict[str, float] = {}
         self.batches_done = 0
+        self.evaluated_at = -1  # the step of the last evaluation: the epoch's end doesn't repeat it
+        self.epoch = self.start.epoch
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""
@@ -215,20 +270,33 @@ class TrainingLoop:
                 break
             started = time.perf_counter()
             skip = self.start.batches_done if epoch == self.start.epoch else 0
+            self.epoch = epoch
             train_metrics = self._train_epoch(epoch, skip)
-            val_metrics = evaluate(self.run)
-            self.record(val_metrics, self.step)
-            self.on_evaluation(val_metrics, self.step)
-            self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=val_metrics)
             self.last_metrics.update(train_metrics)
-            self.last_metrics.update(val_metrics)
+            if self.evaluated_at != self.step:
+                self._evaluate(epoch)
             self._summary(epoch, time.perf_counter() - started)
             # train.max_steps may end the run inside an epoch: a resume with more steps goes on from there
             whole = self.batches_done >= len(self.run.train_loader)
             finished = Position(self.step, epoch + 1, 0) if whole else Position(self.step, epoch, self.batches_done)
             self._stop_if_asked(finished)
             self.checkpoint(finished)
+        if self.run.test_loader is not None:
+            test_metrics = evaluate(self.run, self.run.test_loader, "test")
+            self.record(test_metrics, self.step)
+            self.last_metrics.update(test_metrics)
+            if self.run.accelerator.is_main_process:
+                print(f"test  step {self.step}  " + "  ".join(f"{k} {v:.4g}" for k, v in test_metrics.items()))
         return self.last_metrics
+
+    def _evaluate(self, epoch: int) -> dict[str, float]:
+        metrics = evaluate(self.run, self.run.val_loader)
+        self.evaluated_at = self.step
+        self.record(metrics, self.step)
+        self.on_evaluation(metrics, self.step)
+        self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=metrics)
+        self.last_metrics.update(metrics)
+        return metrics
 
     def _stop_if_asked(self, position: Position) -> None:
         signum = self.stop.agreed(self.run.accelerator)
@@ -246,10 +314,9 @@ class TrainingLoop:
 
     def _train_epoch(self, epoch: int, skip: int) -> dict[str, float]:
         import torch
-        import torch.nn.functional as F
         from tqdm.auto import tqdm
 
-        run, job = self.run, self.run.job
+        run, job, task = self.run, self.run.job, self.run.task
         accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, run.scheduler
         train = job.train
         batches = self._batches(epoch, skip)
@@ -265,23 +332,21 @@ class TrainingLoop:
             mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
         )
         loss_sum = torch.zeros((), device=accelerator.device)
-        micro_batches = samples = 0
+        micro_batches = units = 0
         batches_done = skip
         window_start = time.perf_counter()
         metrics: dict[str, float] = {}
         try:
-            for inputs, targets in batches:
+            for batch in batches:
                 if train.channels_last:
-                    inputs = channels_last(inputs)
+                    batch = channels_last(batch)
                 with accelerator.accumulate(model):
-                    if self.count_flops is not None and hasattr(inputs, "shape"):
-                        self.flops_per_sample, self.count_flops = self.count_flops(inputs), None
+                    if self.count_flops is not None:
+                        self.flops_per_unit, self.count_flops = self.count_flops(batch), None
                     if self.step == 0 and batches_done == 0 and epoch == 0:
-                        logits = _first_forward(model, inputs, job)
-                        check_first_batch(logits, self.num_classes, job.model.name, job.dataset.name)
+                        loss = first_loss(run, batch)
                     else:
-                        logits = model(inputs)
-                    loss = F.cross_entropy(logits, targets)
+                        loss = task.loss(task.forward(model, batch), batch)
                     accelerator.backward(loss)
                     stepped = True
                     if accelerator.sync_gradients:
@@ -299,7 +364,7 @@ class TrainingLoop:
                 loss_sum += loss.detach()
                 micro_batches += 1
                 batches_done += 1
-                samples += inputs.shape[0]
+                units += task.count(batch)
                 progress.update(1)
                 if not accelerator.sync_gradients:
                     continue
@@ -310,11 +375,14 @@ class TrainingLoop:
                 here = Position(self.step, epoch, batches_done)
                 logged = self.step % train.log_every == 0
                 if logged:
-                    metrics = self._log(loss_sum, micro_batches, samples, window_start)
+                    metrics = self._log(loss_sum, micro_batches, units, window_start)
                     progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", refresh=False)
                     loss_sum.zero_()
-                    micro_batches = samples = 0
+                    micro_batches = units = 0
                     window_start = time.perf_counter()
+                if train.eval_every and self.step % train.eval_every == 0:
+                    self._evaluate_within_epoch(epoch, progress)
+                    window_start = time.perf_counter()  # the throughput window leaves evaluation out
                 if logged or accelerator.num_processes == 1:  # agreeing costs a sync: only where one happens anyway
                     self._stop_if_asked(here)
                 if (
@@ -326,24 +394,32 @@ class TrainingLoop:
                 if train.max_steps is not None and self.step >= train.max_steps:
                     break
             if micro_batches:
-                metrics = self._log(loss_sum, micro_batches, samples, window_start)
+                metrics = self._log(loss_sum, micro_batches, units, window_start)
         finally:
             progress.close()
             self.batches_done = batches_done
         return metrics
 
-    def _log(self, loss_sum: Any, micro_batches: int, samples: int, window_start: float) -> dict[str, float]:
+    def _evaluate_within_epoch(self, epoch: int, progress: Any) -> None:
+        """``train.eval_every``: evaluate now, and say so on its own line above the progress bar."""
+        metrics = self._evaluate(epoch)
+        if self.run.accelerator.is_main_process:
+            shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+            progress.write(f"step {self.step}/{self.schedule.total_steps}  {shown}")
+
+    def _log(self, loss_sum: Any, micro_batches: int, units: int, window_start: float) -> dict[str, float]:
         accelerator = self.run.accelerator
         self.nonfinite.stop_if_seen(accelerator, self.run)
         mean_loss = accelerator.reduce(loss_sum / micro_batches, reduction="mean").item()
         elapsed = max(time.perf_counter() - window_start, 1e-9)
+        rate = f"train/{self.run.task.unit}_per_s"
         metrics = {
             "train/loss": mean_loss,
             "lr": float(self.run.optimizer.param_groups[0]["lr"]),
-            "train/samples_per_s": samples * accelerator.num_processes / elapsed,
+            rate: units * accelerator.num_processes / elapsed,
         }
-        if self.flops_per_sample:
-            achieved = metrics["train/samples_per_s"] * self.flops_per_sample
+        if self.flops_per_unit:
+            achieved = metrics[rate] * self.flops_per_unit
             metrics["train/tflops"] = achieved / 1e12
             if self.peak_flops:
                 metrics["train/mfu"] = achieved / (self.peak_flops * accelerator.num_processes)

@@ -14,11 +14,12 @@ from typing import Any
 
 import tomli_w
 
-from runjob.errors import RunjobError, Terminated
+from runjob.errors import RunjobError, Terminated, TrainingError
 from runjob.host.plugin_host import PluginHost
 from runjob.host.run_context import RunContext
+from runjob.host.task import Task, declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
-from runjob.job.validation import ResolvedJob
+from runjob.job.validation import ResolvedJob, task_metrics
 from runjob.record.outputs import choose_output_dir
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.system_metrics import SystemMetricsSampler
@@ -35,7 +36,7 @@ from runjob.train.checkpoints import (
     without_compile,
 )
 from runjob.train.entry import RunOutcome
-from runjob.train.flops import meta_model, peak_flops, training_flops_per_sample
+from runjob.train.flops import meta_model, peak_flops, training_flops_per_unit
 from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
 
 
@@ -56,6 +57,7 @@ def _tags(
         "runjob.torch_version": torch.__version__,
         "runjob.accelerate_version": accelerate.__version__,
         "runjob.cuda_version": torch.version.cuda or "none",
+        "runjob.metrics": json.dumps(declared_metrics(job.task.options)),
         **actual_setup(accelerator),
         **git_tags(job.source.path),
     }
@@ -69,11 +71,17 @@ def _tags(
 
 
 def _build(job: ResolvedJob, accelerator: Any):
-    """Dataset, model, optimizer and loaders, prepared; then the scheduler for the real step count."""
+    """Dataset, task, model, optimizer and loaders, prepared; then the scheduler for the real step count."""
     from runjob.train.data_loading import make_loaders
 
     with accelerator.main_process_first():  # one process downloads, the others read its copy
         splits = job.dataset.component.factory(job.dataset.options)
+    task = job.task.component.factory(job.task.options, splits)
+    if not isinstance(task, Task):
+        raise TrainingError(
+            f"task {job.task.name!r} (plugin {job.task.component.plugin}): its factory returned a "
+            f"{type(task).__name__}, not a runjob.Task"
+        )
     model = job.model.component.factory(job.model.options)
     if job.train.channels_last:
         import torch
@@ -83,12 +91,15 @@ def _build(job: ResolvedJob, accelerator: Any):
         lambda: job.model.component.factory(job.model.options)
     )  # FLOPs, counted at the first batch
     optimizer = job.optimizer.component.factory(model.parameters(), job.optimizer.options)
-    train_loader, val_loader = make_loaders(splits, job, accelerator)
+    train_loader, val_loader, test_loader = make_loaders(splits, job, accelerator)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
+    if test_loader is not None:
+        test_loader = accelerator.prepare(test_loader)
     schedule = plan_schedule(job.train, len(train_loader))
     # Not passed through prepare: Accelerate would step it once per process per optimizer step.
     scheduler = job.scheduler.component.factory(optimizer, job.scheduler.options, schedule.total_steps)
-    return splits, model, optimizer, scheduler, train_loader, val_loader, schedule, shapes_only
+    loaders = (train_loader, val_loader, test_loader)
+    return splits, task, model, optimizer, scheduler, loaders, schedule, shapes_only
 
 
 def run_job(
@@ -170,12 +181,16 @@ def _train(
     run: RunContext | None = None
     status, error = "FINISHED", None
     try:
-        splits, model, optimizer, scheduler, train_loader, val_loader, schedule, shapes_only = _build(job, accelerator)
+        splits, task, model, optimizer, scheduler, loaders, schedule, shapes_only = _build(job, accelerator)
         recorder.log_input(dataset_lineage(job, splits), "training")
+        _record_baselines(recorder, accelerator, splits.baselines)
+        train_loader, val_loader, test_loader = loaders
         run = RunContext(job, accelerator, model, optimizer, scheduler, train_loader, val_loader, output_dir, run_id)
+        run.task, run.test_loader = task, test_loader
         start = load_checkpoint(run, checkpoint) if checkpoint is not None else Position()
         record = {"mlflow_run_id": run_id, "job": job.to_dict()}
-        best = BestWeights(output_dir, job.train.best_metric)
+        metric = job.train.best_metric
+        best = BestWeights(output_dir, metric, task_metrics(job.task)[metric] == "max")
 
         def save(position: Position) -> None:
             save_checkpoint(run, position, job.train.keep_checkpoints, record)
@@ -184,10 +199,10 @@ def _train(
             if best.offer(run, metrics, step):
                 recorder.set_tags(best.tags())
 
-        def count_flops(inputs: Any) -> float | None:
-            flops = training_flops_per_sample(shapes_only, tuple(inputs.shape[1:]), inputs.dtype)
+        def count_flops(batch: Any) -> float | None:
+            flops = training_flops_per_unit(shapes_only, task, batch)
             if flops:
-                recorder.set_tags({"runjob.flops_per_sample": f"{flops:.6g}"})
+                recorder.set_tags({f"runjob.flops_per_{task.unit.removesuffix('s')}": f"{flops:.6g}"})
             return flops
 
         host.hook.runjob_run_start(run=run)
@@ -196,7 +211,6 @@ def _train(
             host.hook,
             recorder.log_training_metrics,
             schedule,
-            splits.num_classes,
             start,
             save,
             stop,
@@ -207,7 +221,7 @@ def _train(
         accelerator.wait_for_everyone()
         accelerator.save_model(without_compile(model), output_dir, safe_serialization=True)
         if accelerator.is_main_process:
-            _record_outputs(recorder, job, output_dir, best, splits)
+            _record_outputs(recorder, job, output_dir, best, splits, task)
     except (KeyboardInterrupt, Terminated) as interrupt:
         status, error = "KILLED", interrupt
         raise
@@ -265,7 +279,18 @@ def _start_record(
     return recorder
 
 
-def _record_outputs(recorder: Recorder, job: ResolvedJob, output_dir: Path, best: BestWeights, splits: Any) -> None:
+def _record_baselines(recorder: Recorder, accelerator: Any, baselines: dict[str, float]) -> None:
+    """The data's own reference values (``DatasetSplits.baselines``), logged once and said."""
+    if not baselines:
+        return
+    recorder.log_training_metrics({f"baseline/{name}": float(value) for name, value in baselines.items()}, 0)
+    if accelerator.is_main_process:
+        print("runjob: the data's baselines: " + "  ".join(f"{k} {v:.4g}" for k, v in baselines.items()))
+
+
+def _record_outputs(
+    recorder: Recorder, job: ResolvedJob, output_dir: Path, best: BestWeights, splits: Any, task: Task
+) -> None:
     """Log the final weights, the best weights and the final model as an MLflow model."""
     recorder.log_artifact(output_dir / "model.safetensors")
     if best.value is not None:
@@ -273,9 +298,9 @@ def _record_outputs(recorder: Recorder, job: ResolvedJob, output_dir: Path, best
         recorder.log_artifact(output_dir / "best" / "best.json", "best")
     if job.tracking.log_model != "none":
         from runjob.record.model_logging import save_mlflow_model
-        from runjob.train.data_loading import example_input
+        from runjob.train.data_loading import example_batch
 
-        folder = save_mlflow_model(job, output_dir, example_input(splits.val))
+        folder = save_mlflow_model(job, output_dir, task.inputs(example_batch(splits.val)))
         recorder.log_artifact(folder, "model")
 
 

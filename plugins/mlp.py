@@ -1,0 +1,59 @@
+"""Built-in model ``mlp``: a multi-layer perceptron for feature vectors (tabular data, the ``csv``
+dataset), giving class logits or values.
+
+Job files use it as::
+
+    [model]
+    name = "mlp"
+    in_features = 10       # the dataset's feature columns
+    hidden = [64, 64]      # one linear layer and activation per entry
+    outputs = 1            # values to predict, or classes
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from runjob import Options, hookimpl
+
+
+class MLPOptions(Options):
+    in_features: int = Field(..., ge=1)
+    """Inputs per sample; inputs of more dimensions are flattened first."""
+    hidden: list[int] = Field(default_factory=lambda: [64])
+    """Width of each hidden layer; [] gives a linear model."""
+    outputs: int = Field(1, ge=1)
+    """Outputs per sample: values for regression, classes for classification."""
+    activation: Literal["relu", "gelu", "tanh"] = "relu"
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout after each hidden layer's activation."""
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive(cls, widths: list[int]) -> list[int]:
+        if any(width < 1 for width in widths):
+            raise ValueError(f"every hidden width must be 1 or more, got {widths}")
+        return widths
+
+
+def build_mlp(options: MLPOptions):
+    import torch.nn as nn
+
+    activation = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}[options.activation]
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = options.in_features
+    for hidden in options.hidden:
+        layers += [nn.Linear(width, hidden), activation()]
+        if options.dropout:
+            layers.append(nn.Dropout(options.dropout))
+        width = hidden
+    layers.append(nn.Linear(width, options.outputs))
+    return nn.Sequential(*layers)
+
+
+@hookimpl
+def runjob_register_models(register):
+    """Register mlp."""
+    register("mlp", build_mlp, options=MLPOptions, description="linear layers and activations, for feature vectors")

@@ -1,0 +1,256 @@
+"""Built-in tasks: ``classification`` (the default), ``regression`` and ``language_modeling``.
+
+A task says what is learned from a batch: the loss, what evaluation accumulates and reports, and
+what a batch holds for throughput (see ``runjob_register_tasks`` in :mod:`runjob.host.hookspecs`).
+They use only the public plugin API, as a third-party task would.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import Field
+
+from runjob import Task, TaskOptions, hookimpl
+
+# --- classification ---------------------------------------------------------------------------------
+
+
+class ClassificationOptions(TaskOptions):
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    """Share of each target's probability spread over all classes in the training loss (0: none);
+    evaluation reports the plain cross-entropy."""
+    top_k: int | None = Field(None, ge=2)
+    """Also report ``val/top<k>``: the share of samples whose class is among the k highest outputs."""
+
+    def metrics(self) -> dict[str, Literal["max", "min"]]:
+        declared: dict[str, Literal["max", "min"]] = {"accuracy": "max", "loss": "min"}
+        if self.top_k:
+            declared[f"top{self.top_k}"] = "max"
+        return declared
+
+
+class Classification(Task):
+    """Batches ``(inputs, targets)``: targets are class indices ``(batch,)`` or class probabilities
+    ``(batch, classes)``; the model gives logits ``(batch, classes)``."""
+
+    def __init__(self, options: ClassificationOptions, num_classes: int | None) -> None:
+        self.label_smoothing = options.label_smoothing
+        self.top_k = options.top_k
+        self.num_classes = num_classes
+
+    def loss(self, outputs: Any, batch: Any) -> Any:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(outputs, self.targets(batch), label_smoothing=self.label_smoothing)
+
+    def check(self, outputs: Any, batch: Any) -> None:
+        classes = self.num_classes
+        if outputs.ndim != 2 or (classes is not None and outputs.shape[1] != classes):
+            if classes is None:
+                raise ValueError(f"outputs of shape {tuple(outputs.shape)}: the task needs (batch, classes) logits")
+            raise ValueError(
+                f"outputs of shape {tuple(outputs.shape)}, but the dataset has {classes} classes: set "
+                f"model.num_classes = {classes} (or the model's own option for its number of outputs)"
+            )
+        targets = self.targets(batch)
+        if targets.is_floating_point() and targets.shape != outputs.shape:
+            raise ValueError(
+                f"targets of shape {tuple(targets.shape)} are probabilities but do not match the outputs' shape"
+            )
+        if self.top_k and self.top_k > outputs.shape[1]:
+            raise ValueError(f"task.top_k = {self.top_k}, but there are only {outputs.shape[1]} classes")
+
+    def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
+        import torch.nn.functional as F
+
+        targets = self.targets(batch)
+        losses = F.cross_entropy(outputs.float(), targets, reduction="none")
+        classes = targets.argmax(dim=-1) if targets.is_floating_point() else targets
+        values = {"loss": losses, "correct": outputs.argmax(dim=-1) == classes}
+        if self.top_k:
+            values["in_top_k"] = (outputs.topk(self.top_k, dim=-1).indices == classes[:, None]).any(dim=-1)
+        return values
+
+    def summarize(self, totals: dict[str, Any], count: int) -> dict[str, float]:
+        summary = {"accuracy": totals["correct"] / count, "loss": totals["loss"] / count}
+        if self.top_k:
+            summary[f"top{self.top_k}"] = totals["in_top_k"] / count
+        return summary
+
+
+# --- regression -------------------------------------------------------------------------------------
+
+
+class RegressionOptions(TaskOptions):
+    loss: Literal["mse", "l1", "huber"] = "mse"
+    """The training loss: mean squared error, mean absolute error, or Huber (squared near 0, absolute beyond)."""
+    huber_delta: float = Field(1.0, gt=0)
+    """Where the Huber loss turns from squared to absolute, in the targets' units."""
+
+    def metrics(self) -> dict[str, Literal["max", "min"]]:
+        return {"r2": "max", "mae": "min", "rmse": "min", "loss": "min"}
+
+
+class Regression(Task):
+    """Batches ``(inputs, targets)``: targets ``(batch,)`` for one value or ``(batch, k)`` for k;
+    the model gives outputs of the same shape (``(batch, 1)`` is taken for one value)."""
+
+    def __init__(self, options: RegressionOptions) -> None:
+        self.kind = options.loss
+        self.delta = options.huber_delta
+
+    def _pair(self, outputs: Any, batch: Any) -> tuple[Any, Any]:
+        """Outputs and targets as float ``(batch, k)``, the same shape, or a ValueError saying how they differ."""
+        targets = self.targets(batch)
+        wide_targets = targets[:, None] if targets.ndim == 1 else targets
+        wide_outputs = outputs[:, None] if outputs.ndim == 1 else outputs
+        if wide_outputs.shape != wide_targets.shape:
+            values = wide_targets.shape[1] if wide_targets.ndim == 2 else "?"
+            raise ValueError(
+                f"outputs of shape {tuple(outputs.shape)} do not match targets of shape {tuple(targets.shape)}: the "
+                f"model needs {values} output(s) per sample"
+            )
+        return wide_outputs.float(), wide_targets.to(wide_outputs.device, dtype=wide_outputs.dtype).float()
+
+    def _per_value(self, outputs: Any, targets: Any) -> Any:
+        import torch.nn.functional as F
+
+        if self.kind == "mse":
+            return F.mse_loss(outputs, targets, reduction="none")
+        if self.kind == "l1":
+            return F.l1_loss(outputs, targets, reduction="none")
+        return F.huber_loss(outputs, targets, reduction="none", delta=self.delta)
+
+    def loss(self, outputs: Any, batch: Any) -> Any:
+        return self._per_value(*self._pair(outputs, batch)).mean()
+
+    def check(self, outputs: Any, batch: Any) -> None:
+        self._pair(outputs, batch)
+
+    def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
+        outputs, targets = self._pair(outputs, batch)
+        error = outputs - targets
+        return {
+            "loss": self._per_value(outputs, targets).mean(dim=1),
+            "absolute": error.abs(),
+            "squared": error.square(),
+            "target": targets,
+            "target_squared": targets.square(),
+        }
+
+    def summarize(self, totals: dict[str, Any], count: int) -> dict[str, float]:
+        values = len(totals["squared"])
+        r2 = []
+        for sse, total, total_squared in zip(
+            totals["squared"], totals["target"], totals["target_squared"], strict=True
+        ):
+            spread = total_squared - total * total / count  # the targets' sum of squares about their mean
+            r2.append(1.0 - sse / spread if spread > 0 else float("nan"))
+        return {
+            "r2": sum(r2) / values,  # the mean over target columns, as scikit-learn's r2_score
+            "mae": sum(totals["absolute"]) / (count * values),
+            "rmse": math.sqrt(sum(totals["squared"]) / (count * values)),
+            "loss": totals["loss"] / count,
+        }
+
+
+# --- language modelling -----------------------------------------------------------------------------
+
+
+class LanguageModelingOptions(TaskOptions):
+    ignore_index: int = -100
+    """Target token ids with this value (padding) are left out of the loss and the metrics."""
+
+    def metrics(self) -> dict[str, Literal["max", "min"]]:
+        return {"perplexity": "min", "loss": "min"}
+
+
+class LanguageModeling(Task):
+    """Next-token prediction. A batch is a token tensor ``(batch, T + 1)`` (the model reads the
+    first T, each position predicts the next), an ``(inputs, targets)`` pair already aligned, or a
+    tokenizer's dict with ``input_ids`` (and optionally ``labels``, ``attention_mask``). The model
+    gives logits ``(batch, T, vocabulary)``. Throughput is counted in tokens."""
+
+    unit = "tokens"
+
+    def __init__(self, options: LanguageModelingOptions, vocabulary: int | None) -> None:
+        self.ignore_index = options.ignore_index
+        self.vocabulary = vocabulary
+
+    def _split(self, batch: Any) -> tuple[Any, Any]:
+        if isinstance(batch, dict):
+            if "input_ids" not in batch:
+                raise ValueError(f"a dict batch needs 'input_ids' (it has {', '.join(map(str, batch))})")
+            tokens = batch["input_ids"]
+            labels = batch.get("labels", tokens)
+            if "attention_mask" in batch:
+                labels = labels.masked_fill(batch["attention_mask"] == 0, self.ignore_index)
+            return tokens[:, :-1], labels[:, 1:]
+        if isinstance(batch, (tuple, list)):
+            return batch[0], batch[1]
+        return batch[:, :-1], batch[:, 1:]
+
+    def inputs(self, batch: Any) -> Any:
+        return self._split(batch)[0]
+
+    def targets(self, batch: Any) -> Any:
+        return self._split(batch)[1]
+
+    def loss(self, outputs: Any, batch: Any) -> Any:
+        import torch.nn.functional as F
+
+        return F.cross_entropy(outputs.flatten(0, 1), self.targets(batch).flatten(), ignore_index=self.ignore_index)
+
+    def check(self, outputs: Any, batch: Any) -> None:
+        targets = self.targets(batch)
+        if outputs.ndim != 3 or outputs.shape[:2] != targets.shape:
+            raise ValueError(
+                f"outputs of shape {tuple(outputs.shape)} for targets of shape {tuple(targets.shape)}: the model must "
+                "give (batch, tokens, vocabulary) logits, one position per input token"
+            )
+        if self.vocabulary is not None and outputs.shape[2] < self.vocabulary:
+            raise ValueError(
+                f"outputs of shape {tuple(outputs.shape)} score {outputs.shape[2]} token ids, but the dataset has "
+                f"{self.vocabulary}: set model.vocab_size = {self.vocabulary}"
+            )
+
+    def count(self, batch: Any) -> int:
+        return int(self.targets(batch).numel())
+
+    def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
+        import torch.nn.functional as F
+
+        targets = self.targets(batch)
+        losses = F.cross_entropy(
+            outputs.float().flatten(0, 1), targets.flatten(), ignore_index=self.ignore_index, reduction="none"
+        ).view(targets.shape)
+        return {"loss": losses.sum(dim=1), "tokens": (targets != self.ignore_index).sum(dim=1)}
+
+    def summarize(self, totals: dict[str, Any], count: int) -> dict[str, float]:
+        loss = totals["loss"] / totals["tokens"] if totals["tokens"] else float("nan")
+        return {"perplexity": math.exp(loss) if loss < 700 else float("inf"), "loss": loss}
+
+
+@hookimpl
+def runjob_register_tasks(register):
+    """Register classification, regression and language_modeling."""
+    register(
+        "classification",
+        lambda options, data: Classification(options, data.num_classes),
+        options=ClassificationOptions,
+        description="cross-entropy over class logits; val/accuracy, val/loss (top-k on request)",
+    )
+    register(
+        "regression",
+        lambda options, data: Regression(options),
+        options=RegressionOptions,
+        description="mse, l1 or huber loss on one or more values; val/r2, val/mae, val/rmse",
+    )
+    register(
+        "language_modeling",
+        lambda options, data: LanguageModeling(options, data.num_classes),
+        options=LanguageModelingOptions,
+        description="next-token cross-entropy; val/perplexity, val/loss; throughput in tokens/s",
+    )
