@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import time
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,9 @@ from runjob.errors import RunjobError
 from runjob.record.store import all_experiments, get_run, open_store, reading
 from runjob.record.tracking import resolve_tracking_uri
 
-KEY_METRICS = ("val/accuracy", "val/loss", "train/loss")  # the final metrics `runs` shows
+# the final metrics `runs` shows: those each run's task declared (the runjob.metrics tag), then the training loss;
+# runs recorded before tasks declared metrics show these
+EARLIER_METRICS = ("val/accuracy", "val/loss")
 TABLE_WIDTH = 120  # `runs` shows as many differing job keys as fit in this many characters
 KEY_COLUMN_WIDTH = 18
 NAME_WIDTH = 20  # experiment and run names in `runs`
@@ -93,6 +96,18 @@ def _width(columns: list[tuple[str, list[str]]]) -> int:
     return sum(max(len(cell) for cell in [header, *cells]) + 2 for header, cells in columns) - 2
 
 
+def key_metrics(runs: list[Any]) -> list[str]:
+    """The metrics the runs' tasks declared, in order of first appearance, then ``train/loss``."""
+    names: dict[str, None] = {}
+    for run in runs:
+        try:
+            declared = list(json.loads(run.data.tags["runjob.metrics"]))
+        except (KeyError, ValueError, TypeError):
+            declared = list(EARLIER_METRICS)
+        names.update(dict.fromkeys(declared))
+    return [*names, "train/loss"]
+
+
 def results_table(runs: list[Any]) -> list[str]:
     """The second `runs` table: per run, the job keys that differ between the runs (as many as fit
     in TABLE_WIDTH) and the final key metrics; then a line naming the keys left out."""
@@ -105,7 +120,7 @@ def results_table(runs: list[Any]) -> list[str]:
     ]
     metrics = [
         (m, [_number(r.data.metrics.get(m)) for r in runs])
-        for m in KEY_METRICS
+        for m in key_metrics(runs)
         if any(m in r.data.metrics for r in runs)
     ]
     ids = [("run id", [r.info.run_id for r in runs])]
