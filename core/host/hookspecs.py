@@ -178,18 +178,19 @@ def runjob_after_log(run, step, metrics):
     optimizer steps).
 
     ``run`` is the :class:`runjob.RunContext`, ``step`` the global optimizer step; ``metrics`` maps
-    metric names (``train/loss``, ``lr``, ``train/samples_per_s``) to floats, exactly as sent to
-    MLflow and ``metrics.jsonl`` at ``step``.
+    metric names (``train/loss``, ``lr``, ``train/<unit>_per_s`` with the task's unit, e.g.
+    ``train/samples_per_s``) to floats, exactly as sent to MLflow and ``metrics.jsonl`` at ``step``.
     """
 
 
 @hookspec
 def runjob_after_evaluation(run, epoch, step, metrics):
-    """Called on every process after each evaluation over the whole validation set.
+    """Called on every process after each evaluation over the whole validation set (at the end of
+    every epoch, and every ``train.eval_every`` optimizer steps when that is set).
 
-    ``run`` is the :class:`runjob.RunContext`; ``epoch`` is the 0-based epoch just evaluated,
-    ``step`` the global optimizer step, and ``metrics`` maps ``val/loss`` and ``val/accuracy`` (a
-    fraction) to floats, identical on every process.
+    ``run`` is the :class:`runjob.RunContext`; ``epoch`` is the 0-based epoch being trained,
+    ``step`` the global optimizer step, and ``metrics`` maps the task's metrics (``val/accuracy``
+    and ``val/loss`` for classification) to floats, identical on every process.
     """
 
 

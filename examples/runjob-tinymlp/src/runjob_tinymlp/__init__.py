@@ -1,15 +1,26 @@
-"""A third-party runjob plugin: registers the model ``tiny_mlp``.
+"""A third-party runjob plugin: registers the model ``tiny_mlp`` and the task ``focal_classification``.
 
-Job files use it as::
+Job files use them as::
 
     [model]
     name = "tiny_mlp"
     num_classes = 10
     in_features = 3072   # 3 x 32 x 32 images, flattened
     hidden_size = 64
+
+    [task]
+    name = "focal_classification"   # focal loss, for imbalanced classes
+    gamma = 2.0                      # >= 0; 0 is plain cross-entropy
+    # optional: one positive weight per class (here the rare class 9 counts four times)
+    alpha = [1, 1, 1, 1, 1, 1, 1, 1, 1, 4]
+
+    [train]
+    best_metric = "val/balanced_accuracy"
 """
 
-from pydantic import Field
+from typing import Literal
+
+from pydantic import Field, PositiveFloat
 
 import runjob
 
@@ -35,7 +46,86 @@ def build_tiny_mlp(options: TinyMLPOptions):
     )
 
 
+# --- a task: focal loss (Lin et al. 2017, "Focal Loss for Dense Object Detection") -------------------
+
+
+class FocalOptions(runjob.TaskOptions):
+    gamma: float = Field(2.0, ge=0)
+    """How much well-classified samples are down-weighted: each sample's cross-entropy is scaled by
+    ``(1 - p_t) ** gamma``, p_t its probability of the right class. 0 is plain cross-entropy."""
+    alpha: list[PositiveFloat] | None = None
+    """One weight per class, multiplying the loss of that class's samples (none: all 1)."""
+
+    def metrics(self) -> dict[str, Literal["max", "min"]]:
+        # balanced accuracy, the mean of per-class recall, is what counts when classes are imbalanced
+        return {"accuracy": "max", "balanced_accuracy": "max", "loss": "min"}
+
+
+class FocalClassification(runjob.Task):
+    """Batches ``(inputs, class indices)``; the model gives logits ``(batch, classes)``."""
+
+    def __init__(self, options: FocalOptions) -> None:
+        self.gamma = options.gamma
+        self.alpha = options.alpha
+
+    def _focal(self, outputs, targets):
+        """Each sample's focal loss, shape ``(batch,)``."""
+        import torch.nn.functional as F
+
+        cross_entropy = F.cross_entropy(outputs.float(), targets, reduction="none")  # -log(p_t)
+        # 1 - p_t, kept above 0 so that 0 < gamma < 1 has a finite gradient where p_t rounds to 1
+        loss = (-(-cross_entropy).expm1()).clamp_min(1e-12) ** self.gamma * cross_entropy
+        if self.alpha is not None:
+            loss = loss * outputs.new_tensor(self.alpha, dtype=loss.dtype)[targets]
+        return loss
+
+    def loss(self, outputs, batch):
+        return self._focal(outputs, self.targets(batch)).mean()
+
+    def check(self, outputs, batch) -> None:
+        targets = self.targets(batch)
+        if outputs.ndim != 2 or targets.ndim != 1 or targets.is_floating_point():
+            raise ValueError(
+                f"outputs of shape {tuple(outputs.shape)}, targets of shape {tuple(targets.shape)}: the task "
+                "needs (batch, classes) logits and (batch,) class indices"
+            )
+        if self.alpha is not None and len(self.alpha) != outputs.shape[1]:
+            raise ValueError(
+                f"task.alpha has {len(self.alpha)} weights, but the outputs have {outputs.shape[1]} classes: "
+                "give one weight per class"
+            )
+
+    def evaluate(self, outputs, batch):
+        import torch.nn.functional as F
+
+        targets = self.targets(batch)
+        support = F.one_hot(targets, outputs.shape[1])  # (batch, classes): 1 at each sample's class
+        hit = support * (outputs.argmax(dim=1) == targets)[:, None]  # ... where it was predicted right
+        return {"loss": self._focal(outputs, targets), "support": support, "hit": hit}
+
+    def summarize(self, totals, count):
+        # totals["support"][c]: samples of class c; totals["hit"][c]: those predicted right.
+        # Classes absent from the split have no recall and are left out, as scikit-learn does.
+        recalls = [hit / support for hit, support in zip(totals["hit"], totals["support"], strict=True) if support]
+        return {
+            "accuracy": sum(totals["hit"]) / count,
+            "balanced_accuracy": sum(recalls) / len(recalls),
+            "loss": totals["loss"] / count,
+        }
+
+
 @runjob.hookimpl
 def runjob_register_models(register):
     """Register tiny_mlp."""
     register("tiny_mlp", build_tiny_mlp, options=TinyMLPOptions, description="Flatten, one hidden layer, logits")
+
+
+@runjob.hookimpl
+def runjob_register_tasks(register):
+    """Register focal_classification."""
+    register(
+        "focal_classification",
+        lambda options, data: FocalClassification(options),
+        options=FocalOptions,
+        description="focal loss for imbalanced classes; val/accuracy, val/balanced_accuracy, val/loss",
+    )
