@@ -32,6 +32,7 @@ from runjob import hookimpl
 
 IMPORTED_AT = time.time()
 STEP_TIMES = []      # time.perf_counter() after each optimizer step
+CPU_TIMES = []       # time.process_time() at the same moments: the process's CPU time, all threads
 EVENTS = {"plugin_imported": IMPORTED_AT}
 PROFILER = None      # a cProfile.Profile to stop and save at the first step
 _WINDOW = None       # RUNJOB_BENCH_PROFILE="FIRST:LAST:FILE": cProfile from step FIRST to step LAST
@@ -61,6 +62,7 @@ def runjob_run_start(run):
 @hookimpl
 def runjob_after_step(run, step, epoch, loss):
     STEP_TIMES.append(time.perf_counter())
+    CPU_TIMES.append(time.process_time())
     profile_window(step)
     if step == 1 and os.environ.get("RUNJOB_BENCH_FIRST_STEP_FILE"):
         EVENTS["first_step"] = time.time()
@@ -165,10 +167,81 @@ def steady_rate(step_times: list[float], warmup: int, batch: int) -> dict[str, f
     return {"samples_per_s": steps * batch / seconds, "median_step_ms": 1000 * median(durations), "steps_timed": steps}
 
 
-def run_worker(args: list[str], env: dict[str, str] | None = None, timeout: float = 1800) -> dict[str, Any]:
-    """Run ``python <args>`` and return the JSON its last RESULT_MARK line carries."""
+def steady_cpu(cpu_times: list[float], warmup: int) -> dict[str, float]:
+    """The process's CPU time (``time.process_time()`` noted beside each step's ``perf_counter()``)
+    over the same window as steady_rate: CPU ms per step on average over the window (what the
+    throughput costs in CPU, the steps that log or checkpoint included) and the median step's."""
+    window = cpu_times[warmup - 1 :] if warmup else cpu_times
+    steps = len(window) - 1
+    if steps < 1:
+        raise RuntimeError(f"too few steps timed ({len(cpu_times)}) for {warmup} warm-up steps")
+    durations = [b - a for a, b in zip(window, window[1:], strict=False)]
+    return {"cpu_ms_per_step": 1000 * (window[-1] - window[0]) / steps, "median_cpu_step_ms": 1000 * median(durations)}
+
+
+# t(0.975, df) for df 1-30, then 40, 60, 120 (and 1.96 beyond): two-sided 95% intervals
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131]
+T975 += [2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+T975_LARGE = [(40, 2.021), (60, 2.000), (120, 1.980)]
+
+
+def t975(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (conservative between table rows)."""
+    if df < 1:
+        return float("nan")
+    if df <= len(T975):
+        return T975[df - 1]
+    for limit, value in T975_LARGE:
+        if df <= limit:
+            return value
+    return 1.960
+
+
+def paired_ratio(values: list[float], bases: list[float], resamples: int = 10000, seed: int = 0) -> dict[str, Any]:
+    """``values`` against ``bases``, measured in pairs (one per interleaved round).
+
+    * ``ratio_of_medians``, with a 95% bootstrap interval (``boot_low``, ``boot_high``): whole rounds
+      resampled with replacement, ``resamples`` times, from a fixed ``seed``;
+    * ``paired`` (the main estimate), the geometric mean of the per-round ratios, with a 95%
+      t interval (``low``, ``high``): mean of log(ratio) +- t(0.975, n-1) * sd / sqrt(n), exponentiated.
+      Pairing by round removes what the machine's load did to both of a round's runs alike.
+    """
+    import math
+    import random
+
+    if len(values) != len(bases) or not values:
+        raise ValueError(f"paired_ratio needs pairs: {len(values)} values, {len(bases)} bases")
+    n = len(values)
+    ratios = [v / b for v, b in zip(values, bases, strict=True)]
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    half = t975(n - 1) * statistics.stdev(logs) / math.sqrt(n) if n > 1 else float("nan")
+    rng = random.Random(seed)
+    boots = []
+    for _ in range(resamples if n > 1 else 0):
+        picks = [rng.randrange(n) for _ in range(n)]
+        boots.append(median([values[i] for i in picks]) / median([bases[i] for i in picks]))
+    boots.sort()
+    return {
+        "rounds": n,
+        "ratios": ratios,
+        "paired": math.exp(mean),
+        "low": math.exp(mean - half),
+        "high": math.exp(mean + half),
+        "ratio_of_medians": median(values) / median(bases),
+        "boot_low": boots[int(0.025 * len(boots))] if boots else float("nan"),
+        "boot_high": boots[int(0.975 * len(boots)) - 1] if boots else float("nan"),
+    }
+
+
+def run_worker(
+    args: list[str], env: dict[str, str] | None = None, timeout: float = 1800, python: str | None = None
+) -> dict[str, Any]:
+    """Run ``python <args>`` (this interpreter unless ``python`` names another) and return the JSON
+    its last RESULT_MARK line carries."""
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
+    command = [python or sys.executable, *args]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_MARK)]
     if proc.returncode != 0 or not lines:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])

@@ -16,18 +16,30 @@ hand) and ``png`` (torchvision ImageFolder over scikit-learn's digits exported a
 with PIL every step; hard links repeat the 1,437 training images so one epoch covers every timed
 step).
 
+With ``--baseline-python PATH`` a third contestant, ``runjob@base``, runs the same runjob worker
+(this script's) with another interpreter, e.g. the virtual environment of an older checkout, so
+that interpreter's ``runjob`` is measured against this one's (the job has no ``[task]`` table, so
+both train classification by default).
+
 Each repetition is one subprocess (Accelerate's state is one per process); the contestants run
-interleaved. Throughput is samples/s from the end of the warm-up steps to the last step, timed by
+interleaved, in a serpentine order (A B C, C B A, ...) so each runs before and after each other
+equally often. Throughput is samples/s from the end of the warm-up steps to the last step, timed by
 ``time.perf_counter()`` after each optimizer step (a runjob plugin's ``runjob_after_step`` hook on
-runjob's side, the same call inline in the hand-written loop).
+runjob's side, the same call inline in the hand-written loop); ``time.process_time()`` noted at
+the same moments gives the process's CPU time per step (all its threads), which other tenants of
+the machine disturb far less than the wall clock. Ratios between contestants come as the
+geometric mean of the per-round ratios with a 95% t interval (pairs by interleaved round), and as
+the ratio of medians with a 95% bootstrap interval over rounds.
 
     uv run python benchmarks/overhead.py                      # a few minutes on 2 CPU cores
     uv run python benchmarks/overhead.py --steps 300 --reps 7  # longer
+    uv run python benchmarks/overhead.py --inputs tensor --baseline-python /tmp/base/.venv/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -87,6 +99,7 @@ log_model = "none"
 
 def worker_runjob(args: argparse.Namespace) -> dict:
     sys.path.insert(0, args.plugin_root)  # the timer plugin's dist-info
+    import runjob
     from runjob.host.plugin_host import load_plugins
     from runjob.job.validation import load_resolved
     from runjob.train.runner import run_job
@@ -103,7 +116,12 @@ def worker_runjob(args: argparse.Namespace) -> dict:
     run_job(job, host, output_dir=out)
     import runjob_bench_timer
 
-    return {"step_times": runjob_bench_timer.STEP_TIMES}
+    return {
+        "step_times": runjob_bench_timer.STEP_TIMES,
+        "cpu_times": runjob_bench_timer.CPU_TIMES,
+        "runjob_file": runjob.__file__,  # which runjob this interpreter imported (runjob@base: the old one)
+        "python": sys.executable,
+    }
 
 
 def bench_dataset(args: argparse.Namespace, total: int):
@@ -143,7 +161,7 @@ def worker_accelerate(args: argparse.Namespace) -> dict:
     model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
 
     model.train()
-    step_times = []
+    step_times, cpu_times = [], []
     profiled = bool(os.environ.get("RUNJOB_BENCH_PROFILE"))  # --profile: the same window as runjob's
     if profiled:
         sys.path.insert(0, args.plugin_root)
@@ -155,11 +173,12 @@ def worker_accelerate(args: argparse.Namespace) -> dict:
         optimizer.step()
         optimizer.zero_grad()
         step_times.append(time.perf_counter())
+        cpu_times.append(time.process_time())
         if profiled:
             runjob_bench_timer.profile_window(len(step_times))
         if len(step_times) >= total:
             break
-    return {"step_times": step_times}
+    return {"step_times": step_times, "cpu_times": cpu_times}
 
 
 def worker_lightning(args: argparse.Namespace) -> dict:
@@ -174,6 +193,7 @@ def worker_lightning(args: argparse.Namespace) -> dict:
     total = args.warmup + args.steps
     dataset = bench_dataset(args, total)
     step_times: list[float] = []
+    cpu_times: list[float] = []
 
     class Module(L.LightningModule):
         def __init__(self):
@@ -186,6 +206,7 @@ def worker_lightning(args: argparse.Namespace) -> dict:
 
         def on_train_batch_end(self, outputs, batch, batch_idx):
             step_times.append(time.perf_counter())
+            cpu_times.append(time.process_time())
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=LR, momentum=MOMENTUM)
@@ -201,10 +222,11 @@ def worker_lightning(args: argparse.Namespace) -> dict:
         enable_model_summary=False,
     )
     trainer.fit(Module(), loader)
-    return {"step_times": step_times}
+    return {"step_times": step_times, "cpu_times": cpu_times}
 
 
 WORKERS = {"runjob": worker_runjob, "accelerate": worker_accelerate, "lightning": worker_lightning}
+BASE = "runjob@base"  # runjob's worker under --baseline-python
 
 
 # ---------------------------------------------------------------- driver
@@ -241,7 +263,9 @@ def profile(args, contestants, input_path, work, plugin_root, png_root, env) -> 
         path = work / f"{contestant}.prof"
         command = worker_command(args, contestant, input_path, plugin_root, work, png_root)
         common.run_worker(
-            command, env={**env, "RUNJOB_BENCH_PROFILE": f"{args.warmup}:{args.warmup + args.steps}:{path}"}
+            command,
+            env={**env, "RUNJOB_BENCH_PROFILE": f"{args.warmup}:{args.warmup + args.steps}:{path}"},
+            python=contestant_python(args, contestant),
         )
         stats = pstats.Stats(str(path))
         print(
@@ -260,10 +284,36 @@ def worker_command(
     """This script as one repetition's worker: ``contestant`` on ``input_path`` with the run's settings."""
     settings = {"--steps": args.steps, "--warmup": args.warmup, "--batch": args.batch}
     settings |= {"--image-size": args.image_size, "--num-workers": args.num_workers}
-    command = [str(Path(__file__).resolve()), "--worker", contestant, "--input", input_path]
+    worker = "runjob" if contestant == BASE else contestant
+    command = [str(Path(__file__).resolve()), "--worker", worker, "--input", input_path]
     command += [part for flag, value in settings.items() for part in (flag, str(value))]
     command += ["--plugin-root", str(plugin_root), "--work", str(work)]
     return command + (["--png-root", str(png_root)] if png_root else [])
+
+
+def contestant_python(args: argparse.Namespace, contestant: str) -> str | None:
+    """The interpreter a contestant's worker runs with: --baseline-python for runjob@base, else this one."""
+    return args.baseline_python if contestant == BASE else None
+
+
+def round_order(contestants: list[str], rep: int) -> list[str]:
+    """Serpentine: forwards in even rounds, backwards in odd ones."""
+    return contestants if rep % 2 == 0 else contestants[::-1]
+
+
+def print_comparisons(comparisons: dict[str, dict]) -> None:
+    for key, entry in comparisons.items():
+        print(f"{key}  (ms/step: above 1 = the first is slower)")
+        for metric, label in (("cpu_ms_per_step", "CPU time per step"), ("wall_ms_per_step", "wall time per step")):
+            r = entry[metric]
+            if r["rounds"] < 2:
+                print(f"  {label:<19} {r['paired']:.3f} (1 round: no interval)")
+                continue
+            print(
+                f"  {label:<19} {r['paired']:.3f} (95% CI {r['low']:.3f}-{r['high']:.3f}, {r['rounds']} rounds: "
+                f"geometric mean of the per-round ratios, t interval); ratio of medians {r['ratio_of_medians']:.3f} "
+                f"(bootstrap 95% CI {r['boot_low']:.3f}-{r['boot_high']:.3f})"
+            )
 
 
 def main() -> int:
@@ -283,7 +333,19 @@ def main() -> int:
         help="instead: one run of each loop (first input path) under cProfile over the "
         "timed steps; prints the functions with the most own time",
     )
+    parser.add_argument(
+        "--baseline-python",
+        metavar="PATH",
+        help="also 'runjob@base': runjob's worker run by this interpreter (another checkout's venv), interleaved",
+    )
     parser.add_argument("--json", type=Path, help="where to write the raw numbers (default benchmarks/overhead.json)")
+    parser.add_argument(
+        "--add-to",
+        type=Path,
+        metavar="JSON",
+        help="more rounds for an earlier run: start from that run's raw numbers (same settings and contestants, "
+        "checked) and report on all the rounds",
+    )
     # worker mode
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--input", choices=["tensor", "png"], help=argparse.SUPPRESS)
@@ -298,11 +360,29 @@ def main() -> int:
 
     info = common.machine()
     common.print_machine(info)
-    contestants = ["runjob", "accelerate"] + (["lightning"] if args.lightning else [])
+    contestants = ([BASE] if args.baseline_python else []) + ["runjob", "accelerate"]
+    contestants += ["lightning"] if args.lightning else []
     inputs = [i.strip() for i in args.inputs.split(",") if i.strip()]
-    results: dict[str, dict[str, list]] = {
-        f"{c}/{i}": {"samples_per_s": [], "median_step_ms": [], "load": []} for i in inputs for c in contestants
-    }
+    fields = ("samples_per_s", "wall_ms_per_step", "cpu_ms_per_step", "median_step_ms", "median_cpu_step_ms", "load")
+    results: dict[str, dict[str, list]] = {f"{c}/{i}": {f: [] for f in fields} for i in inputs for c in contestants}
+    imported: dict[str, str] = {}
+    earlier, done = [], 0  # --add-to: the earlier sessions' machine records, and their rounds
+    if args.add_to:
+        previous = json.loads(args.add_to.read_text(encoding="utf-8"))
+        same = ("steps", "warmup", "batch", "image_size", "threads", "num_workers", "baseline_python")
+        differ = [k for k in same if previous["settings"].get(k) != getattr(args, k)]
+        if differ or set(previous["raw"]) != set(results):
+            raise SystemExit(
+                f"--add-to {args.add_to}: other settings ({differ}) or contestants ({list(previous['raw'])})"
+            )
+        results = {key: {f: list(previous["raw"][key][f]) for f in fields} for key in results}
+        earlier = [
+            *previous["machine"].get("earlier", []),
+            {k: v for k, v in previous["machine"].items() if k != "earlier"},
+        ]
+        done = previous["settings"]["reps"]
+        print(f"adding {args.reps} rounds to the {done} of {args.add_to}")
+    total_reps = done + args.reps
     with tempfile.TemporaryDirectory(prefix="runjob-bench-overhead-") as tmp:
         work = Path(tmp)
         plugin_root = common.make_timer_plugin(work / "plugin")
@@ -319,32 +399,45 @@ def main() -> int:
         }
         if args.profile:
             return profile(args, contestants, inputs[0], work, plugin_root, png_root, env)
-        for rep in range(args.reps):
+        for rep in range(done, total_reps):
             for input_path in inputs:
-                for contestant in contestants:
+                for contestant in round_order(contestants, rep):
                     command = worker_command(args, contestant, input_path, plugin_root, work, png_root)
                     load = common.load_now()
-                    answer = common.run_worker(command, env=env)
+                    answer = common.run_worker(command, env=env, python=contestant_python(args, contestant))
                     rate = common.steady_rate(answer["step_times"], args.warmup, args.batch)
+                    rate |= common.steady_cpu(answer["cpu_times"], args.warmup)
+                    rate["wall_ms_per_step"] = 1000 * args.batch / rate["samples_per_s"]
                     key = f"{contestant}/{input_path}"
-                    results[key]["samples_per_s"].append(rate["samples_per_s"])
-                    results[key]["median_step_ms"].append(rate["median_step_ms"])
+                    for field in fields[:-1]:
+                        results[key][field].append(rate[field])
                     results[key]["load"].append(load)
+                    if "runjob_file" in answer and contestant not in imported:
+                        imported[contestant] = answer["runjob_file"]
+                        print(f"{contestant}: {answer['python']} imports runjob from {answer['runjob_file']}")
                     print(
-                        f"rep {rep + 1}/{args.reps}  {key:<17} {rate['samples_per_s']:8.1f} samples/s  "
-                        f"median step {rate['median_step_ms']:7.1f} ms  load {load}  ({answer['process_wall_s']:.0f} "
-                        "s in all)",
+                        f"rep {rep + 1}/{total_reps}  {key:<18} {rate['samples_per_s']:7.1f} samples/s  "
+                        f"wall {rate['wall_ms_per_step']:6.1f} ms/step (median {rate['median_step_ms']:6.1f})  "
+                        f"CPU {rate['cpu_ms_per_step']:6.1f} ms/step (median {rate['median_cpu_step_ms']:6.1f})  "
+                        f"load {load}  ({answer['process_wall_s']:.0f} s in all)",
                         flush=True,
                     )
+        if BASE in imported and imported[BASE] == imported.get("runjob"):
+            print(f"note: {BASE} imported the same runjob as runjob ({imported[BASE]}): an A/A comparison")
 
-    rows, summary = [], {}
+    rows, summary, comparisons = [], {}, {}
     for input_path in inputs:
         base = results[f"accelerate/{input_path}"]["samples_per_s"]
         for contestant in contestants:
-            rates = results[f"{contestant}/{input_path}"]["samples_per_s"]
+            got = results[f"{contestant}/{input_path}"]
+            rates = got["samples_per_s"]
             paired = [r / b for r, b in zip(rates, base, strict=True)]
             entry = {
                 "median_samples_per_s": common.median(rates),
+                "median_wall_ms_per_step": common.median(got["wall_ms_per_step"]),
+                "median_cpu_ms_per_step": common.median(got["cpu_ms_per_step"]),
+                "median_step_ms": common.median(got["median_step_ms"]),
+                "median_cpu_step_ms": common.median(got["median_cpu_step_ms"]),
                 "ratio_of_medians": common.median(rates) / common.median(base),
                 "median_of_paired_ratios": common.median(paired),
                 "min_paired_ratio": min(paired),
@@ -355,18 +448,28 @@ def main() -> int:
                 [
                     f"{contestant} ({input_path})",
                     entry["median_samples_per_s"],
-                    common.median(results[f"{contestant}/{input_path}"]["median_step_ms"]),
+                    entry["median_wall_ms_per_step"],
+                    entry["median_cpu_ms_per_step"],
+                    entry["median_step_ms"],
+                    entry["median_cpu_step_ms"],
                     entry["ratio_of_medians"],
-                    entry["median_of_paired_ratios"],
                     f"{min(paired):.3f}-{max(paired):.3f}",
                 ]
             )
+        pairs = [("runjob", BASE), ("runjob", "accelerate"), (BASE, "accelerate"), ("runjob", "lightning")]
+        for first, second in pairs:
+            if first in contestants and second in contestants:
+                a, b = results[f"{first}/{input_path}"], results[f"{second}/{input_path}"]
+                comparisons[f"{first} / {second} ({input_path})"] = {
+                    metric: common.paired_ratio(a[metric], b[metric])
+                    for metric in ("cpu_ms_per_step", "wall_ms_per_step")
+                }
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     print()
     print(
         f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size} inputs, batch {args.batch}, fp32, CPU, "
         f"{args.threads or 'default'} torch thread(s); "
-        f"{args.steps} timed steps after {args.warmup} warm-up, {args.reps} interleaved repetitions; load at end "
+        f"{args.steps} timed steps after {args.warmup} warm-up, {total_reps} interleaved repetitions; load at end "
         f"{info['load_avg_end']}"
     )
     print(
@@ -374,24 +477,36 @@ def main() -> int:
             rows,
             [
                 "loop (input)",
-                "samples/s (median)",
-                "step ms (median)",
-                "vs hand-written",
-                "paired ratio (median)",
+                "samples/s",
+                "wall ms/step",
+                "CPU ms/step",
+                "median step ms",
+                "median step CPU ms",
+                "samples/s vs hand-written",
                 "paired range",
             ],
         )
     )
+    print("(medians over the repetitions; ms/step = the timed window's time / its steps)")
+    print()
+    print_comparisons(comparisons)
     settings = {
-        k: getattr(args, k) for k in ("steps", "warmup", "reps", "batch", "image_size", "threads", "num_workers")
+        k: getattr(args, k)
+        for k in ("steps", "warmup", "reps", "batch", "image_size", "threads", "num_workers", "baseline_python")
     }
+    settings["reps"] = total_reps
+    settings["runjob_imported_from"] = imported
+    if earlier:
+        info["earlier"] = earlier
     settings.update(
         model="torchvision resnet18, num_classes=10, ImageNet stem (no cifar_stem)",
         precision="fp32",
         optimizer=f"SGD lr {LR} momentum {MOMENTUM}",
     )
     path = common.write_json(
-        "overhead", {"machine": info, "settings": settings, "raw": results, "summary": summary}, args.json
+        "overhead",
+        {"machine": info, "settings": settings, "raw": results, "summary": summary, "comparisons": comparisons},
+        args.json,
     )
     print(f"raw numbers: {path}")
     return 0

@@ -145,6 +145,23 @@ def without_compile(model: Any) -> Any:
     return model._orig_mod if is_compiled_module(model) else model
 
 
+def save_weights(accelerator: Any, model: Any, folder: Path) -> None:
+    """``model.safetensors`` of the plain model (gathered from every rank when sharded). Tied weights
+    (a language model's input and output embedding) are stored once, as safetensors requires; the
+    model's constructor ties them again on loading, so Accelerate's note about it is not shown."""
+    import logging
+
+    def not_the_tie_note(record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+    logger = logging.getLogger("accelerate.utils.other")
+    logger.addFilter(not_the_tie_note)
+    try:
+        accelerator.save_model(without_compile(model), folder, safe_serialization=True)
+    finally:
+        logger.removeFilter(not_the_tie_note)
+
+
 def _shown(values: dict[str, Any], key: str) -> str:
     return value_text(values[key]) if key in values else "(unset)"
 
@@ -191,7 +208,7 @@ class BestWeights:
             return False
         accelerator = run.accelerator
         accelerator.wait_for_everyone()
-        accelerator.save_model(without_compile(run.model), self.folder, safe_serialization=True)
+        save_weights(accelerator, run.model, self.folder)
         self.value, self.step = value, step
         if accelerator.is_main_process:
             state = {"metric": self.metric, "value": value, "step": step}

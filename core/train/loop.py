@@ -106,7 +106,13 @@ def evaluate(run: RunContext, loader: Any, prefix: str = "val") -> dict[str, flo
         for batch in loader:
             if convert:
                 batch = channels_last(batch)
-            values = accelerator.gather_for_metrics(task.evaluate(task.forward(model, batch), batch))
+            values = task.evaluate(task.forward(model, batch), batch)
+            if not isinstance(values, dict) or not all(hasattr(v, "shape") and v.ndim for v in values.values()):
+                raise TrainingError(
+                    f"task {run.job.task.name!r}: evaluate() must return a dict of tensors whose first dimension is "
+                    f"the batch, got {shapes(values) if isinstance(values, dict) else type(values).__name__}"
+                )
+            values = accelerator.gather_for_metrics(values)
             for name, value in values.items():
                 total = value.sum(0)
                 if name in totals:
@@ -321,8 +327,10 @@ class TrainingLoop:
         train = job.train
         batches = self._batches(epoch, skip)
         model.train()
+        # train.max_steps may end the epoch early: the bar counts the batches this epoch will take
+        remaining = (self.schedule.total_steps - self.step) * train.gradient_accumulation_steps
         progress = tqdm(
-            total=len(run.train_loader),
+            total=min(len(run.train_loader), skip + remaining),
             initial=skip,
             desc=f"epoch {epoch + 1}/{self.schedule.epochs}",
             unit="batch",

@@ -33,7 +33,7 @@ from runjob.train.checkpoints import (
     load_checkpoint,
     read_state,
     save_checkpoint,
-    without_compile,
+    save_weights,
 )
 from runjob.train.entry import RunOutcome
 from runjob.train.flops import meta_model, peak_flops, training_flops_per_unit
@@ -219,7 +219,7 @@ def _train(
             peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
         ).fit()
         accelerator.wait_for_everyone()
-        accelerator.save_model(without_compile(model), output_dir, safe_serialization=True)
+        save_weights(accelerator, model, output_dir)
         if accelerator.is_main_process:
             _record_outputs(recorder, job, output_dir, best, splits, task)
     except (KeyboardInterrupt, Terminated) as interrupt:
