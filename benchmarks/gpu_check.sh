@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU check: the headline model on synthetic CIFAR-sized data for a fixed number of steps under
 # ddp, fsdp and deepspeed, printing what really ran (from the MLflow tags), images/s and peak GPU
-# memory for each. Then, on one GPU, benchmarks/fastpath.py --part options: ResNet-18 with the
-# CIFAR stem, batch 512, on CIFAR-format files the script writes, runjob's base job (fp32) against
+# memory for each. Then a ~350M-parameter byte-level GPT (benchmarks/gpu_check_gpt.toml) under the
+# same three strategies, with tokens/s, MFU and peak memory. Then, on one GPU,
+# benchmarks/fastpath.py --part options: ResNet-18 with the CIFAR stem, batch 512, on CIFAR-format
+# files the script writes, runjob's base job (fp32) against
 # the same job with one option changed (channels_last, compile, foreach, fused, bf16,
 # in_memory_off, cudnn_benchmark, all_on); it prints a line per run, the table (samples/s, ratio vs
 # baseline, MFU, peak GiB, verdict) and the fastest variant against the goal of 60,000 images/s.
@@ -10,9 +12,11 @@
 #     uv run bash benchmarks/gpu_check.sh     # all GPUs of this machine (inside the environment)
 #     NPROC=1 uv run bash benchmarks/gpu_check.sh
 #     FASTPATH=0 uv run bash benchmarks/gpu_check.sh                       # the strategies only
+#     GPT=0 uv run bash benchmarks/gpu_check.sh                            # without the ~350M GPT
 #     FASTPATH_ARGS="--steps 200 --reps 3" uv run bash benchmarks/gpu_check.sh   # a longer fast-path run
 # Needs the project installed (uv sync, or pip install -e '.[deepspeed]' for the deepspeed line).
-# Expected to take well under 15 minutes on one H200: the strategies ~2, the fast path ~6-9
+# Expected to take well under 15 minutes on one H200: the strategies ~2, the GPT ~3 (not yet timed
+# there: each run reads the stdlib, ~30 MB, and builds the model in every process), the fast path ~6-9
 # (18 runs of 110 steps, most of it process start-up and compile's compiling; not yet timed there).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,6 +62,51 @@ print(f"{strategy:<10} {code:<6} {tags.get('runjob.distributed_type', '-'):<12} 
       f"{tags.get('runjob.mixed_precision', '-'):<9} {speed:<12} {peak:<14} {note}")
 PY
 done
+
+# A ~350M-parameter byte-level GPT (benchmarks/gpu_check_gpt.toml: 28 layers of width 1024, context
+# 1024, bf16, batch 16 per GPU, on the stdlib's text) under the same three strategies: tokens/s, MFU
+# and peak memory, each the median of the logged windows after the first. FSDP wraps each
+# transformer block. GPT=0 skips it; GPT_STEPS sets its length.
+if [ "${GPT:-1}" != 0 ]; then
+  echo
+  printf '%-10s %-6s %-12s %-6s %-9s %-12s %-7s %-14s %s\n' gpt exit distributed world precision "tokens/s" MFU "peak GiB/GPU" note
+  for strategy in ddp fsdp deepspeed; do
+    dir="$OUT/gpt-$strategy"
+    extra=()
+    [ "$strategy" = fsdp ] && extra=(--set strategy.auto_wrap_policy=transformer_based_wrap
+                                     --set 'strategy.transformer_layer_cls_to_wrap=["Block"]')
+    $RUNJOB benchmarks/gpu_check_gpt.toml --num-processes "$NPROC" --output-dir "$dir" \
+      --set strategy.name="$strategy" --set train.max_steps="${GPT_STEPS:-60}" "${extra[@]}" >"$OUT/gpt-$strategy.log" 2>&1
+    code=$?
+    "$PYTHON" - "$dir" "$code" "$strategy" "$OUT/gpt-$strategy.log" <<'PY'
+import json, sys
+from pathlib import Path
+folder, code, strategy, log = Path(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
+info = json.loads((folder / "mlflow_run.json").read_text()) if (folder / "mlflow_run.json").exists() else {}
+tags = info.get("tags", {})
+if info:
+    from mlflow import MlflowClient
+    tags = MlflowClient(info["tracking_uri"]).get_run(info["run_id"]).data.tags
+points = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()] if (folder / "metrics.jsonl").exists() else []
+
+
+def median(key, digits):
+    values = [p["value"] for p in points if p["key"] == key]
+    values = values[1:] or values  # skip the warm-up window when there are others
+    return f"{sorted(values)[len(values) // 2]:.{digits}f}" if values else "-"
+
+
+peaks = [p["value"] for p in points if p["key"] == "train/peak_memory_gib"]
+note = tags.get("runjob.error", "")[:60]
+if code != "0" and not note and log.exists():
+    said = [line for line in log.read_text().splitlines() if line.startswith("runjob: ")]
+    note = said[-1][8:90] if said else ""
+print(f"{strategy:<10} {code:<6} {tags.get('runjob.distributed_type', '-'):<12} {tags.get('runjob.world_size', '-'):<6} "
+      f"{tags.get('runjob.mixed_precision', '-'):<9} {median('train/tokens_per_s', 0):<12} {median('train/mfu', 3):<7} "
+      f"{f'{max(peaks):.2f}' if peaks else '-':<14} {note}")
+PY
+  done
+fi
 
 # The fast path on one GPU: each option against the base job (the default: 100 timed steps after 10
 # warm-up, 2 interleaved repetitions; the in_memory_off variant with 8 DataLoader workers).

@@ -186,6 +186,64 @@ def test_two_processes_equal_one_process_with_twice_the_batch(checked, model, da
         assert [v for _, v in a] == pytest.approx([v for _, v in b], abs=1e-5), key
 
 
+GPT_JOB = """
+    [job]
+    name = "{name}"
+    [task]
+    name = "language_modeling"
+    [model]
+    name = "gpt"
+    context = 16
+    layers = 1
+    width = 16
+    heads = 2
+    [dataset]
+    name = "text_files"
+    paths = "corpus/*.txt"
+    context = 16
+    val_fraction = 0.2
+    [optimizer]
+    name = "sgd"
+    lr = 0.5
+    momentum = 0.0
+    [train]
+    epochs = 2
+    log_every = 1
+    batch_size = {batch_size}
+"""
+
+
+def test_two_processes_equal_one_process_with_twice_the_batch_for_a_language_model(checked):
+    """The same for next-token prediction: token windows from files, a GPT with tied weights, the
+    per-token mean loss (each process averages over as many tokens, so the gradients' mean is one
+    process's at twice the batch), and val/perplexity counted over every validation token once."""
+    tmp_path = checked.path
+    for i in range(10):  # 10 x 130 bytes: 2 files (16 windows of 17 tokens) validate, 8 (64 windows) train
+        (tmp_path / "corpus").mkdir(exist_ok=True)
+        (tmp_path / "corpus" / f"{i}.txt").write_bytes((f"file {i}: the quick brown fox jumps. " * 5).encode()[:130])
+    checked.write_job("two.toml", GPT_JOB.format(name="two", batch_size=8))
+    checked.write_job("one.toml", GPT_JOB.format(name="one", batch_size=16))
+    two = checked.cli_subprocess("two.toml", "--num-processes", "2", "--output-dir", "out-two", timeout=RUN_TIMEOUT)
+    assert ok(two), two.stderr[-3000:]
+    assert "2 process(es) on cpu" in two.stdout
+    params = {rank: lines(tmp_path / f"params-{rank}.jsonl") for rank in (0, 1)}
+    for rank in (0, 1):
+        (tmp_path / f"params-{rank}.jsonl").unlink()
+
+    one = checked.cli("one.toml", "--output-dir", "out-one")
+    assert one.returncode == 0, one.stderr[-3000:]
+
+    assert params[0] == params[1]
+    single = lines(tmp_path / "params-0.jsonl")[0]
+    assert single == pytest.approx(params[0][0], abs=1e-5)
+    run_two, run_one = checked.only_run("two"), checked.only_run("one")
+    assert run_two.tags["runjob.world_size"] == "2"
+    for key in ("train/loss", "val/loss", "val/perplexity"):
+        a, b = run_two.history(key), run_one.history(key)
+        assert [s for s, _ in a] == [s for s, _ in b] and len(a) >= 2
+        assert [v for _, v in a] == pytest.approx([v for _, v in b], abs=1e-5), key
+
+
 def test_two_simulated_machines_make_one_job(checked):
     tmp_path = checked.path
     checked.write_job("job.toml", linear_job("machines") + "batch_size = 8\n")
