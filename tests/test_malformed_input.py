@@ -77,7 +77,7 @@ def check_cli(capsys, text: str, sets: list[str]) -> None:
         path.write_text(text, encoding="utf-8")
         arguments = ["validate", str(path)]
         for override in sets:
-            arguments += ["--set", override]
+            arguments.append(f"--set={override}")  # one word: a value that starts with "-" stays a value
         code = cli.main(arguments)
     out, err = capsys.readouterr()
     assert code in (0, 2), err

@@ -310,3 +310,49 @@ def test_runs_shows_the_metrics_each_runs_task_declared():
         "older       older                                 0.9       0.3                         0.2",
         "lm          lm                                                              3.2         1.1",
     ]
+
+
+def readme_python(first_line: str) -> str:
+    """The README's Python block that begins with ``first_line``: the README is what users copy."""
+    from helpers import REPO
+
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    start = text.index("```python\n" + first_line) + len("```python\n")
+    return text[start : text.index("```", start)]
+
+
+def test_the_readmes_task_plugin_trains_on_the_readmes_diabetes_file(tester, monkeypatch):
+    monkeypatch.chdir(tester.path)
+    (tester.path / "data").mkdir()
+    exec(readme_python("import csv\n"), {})  # writes data/diabetes.csv, as the README tells a user to
+    tester.install_plugin("my-tasks", {"my_tasks": readme_python("# my_tasks/__init__.py\n")}, {"median": "my_tasks"})
+    tester.write_job(
+        "job.toml",
+        """
+        [job]
+        name = "median"
+        [task]
+        name = "median"
+        [model]
+        name = "mlp"
+        in_features = 10
+        hidden = [32]
+        [dataset]
+        name = "csv"
+        path = "data/diabetes.csv"
+        target = "target"
+        [optimizer]
+        lr = 0.03
+        [scheduler]
+        name = "cosine"
+        [train]
+        epochs = 30
+        best_metric = "val/mae"
+        """,
+    )
+    result = tester.cli("job.toml")
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = tester.only_run("median")
+    assert run.metrics["val/r2"] > 0.2, "well above the mean predictor's 0"
+    assert run.metrics["val/mae"] < run.metrics["baseline/mean_predictor_val_mae"]
+    assert run.tags["runjob.best.metric"] == "val/mae"
