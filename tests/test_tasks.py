@@ -356,3 +356,10 @@ def test_the_readmes_task_plugin_trains_on_the_readmes_diabetes_file(tester, mon
     assert run.metrics["val/r2"] > 0.2, "well above the mean predictor's 0"
     assert run.metrics["val/mae"] < run.metrics["baseline/mean_predictor_val_mae"]
     assert run.tags["runjob.best.metric"] == "val/mae"
+    import mlflow
+    import torch
+
+    logged = mlflow.pytorch.load_model(f"runs:/{run.run_id}/model")  # any task's model loads back
+    assert logged(torch.zeros(3, 10)).shape == (3, 1)
+    requirements = mlflow.artifacts.download_artifacts(f"runs:/{run.run_id}/model/requirements.txt")
+    assert "torchvision" not in open(requirements).read()
