@@ -198,7 +198,7 @@ def test_gpt_pickles_by_reference():
 
     model = build_gpt(GPTOptions(context=8, layers=1, width=16, heads=2))
     copy = pickle.loads(pickle.dumps(model))
-    assert type(copy).__module__ == "runjob.plugins.gpt" and type(copy) is type(model)
+    assert type(copy).__module__ == "runjob.plugins.gpt_layers" and type(copy) is type(model)
     tokens = torch.randint(0, 256, (2, 8))
     assert torch.equal(copy(tokens), model(tokens))
     assert copy.head.weight is copy.tokens.weight
@@ -215,3 +215,35 @@ def test_gpt_weights_load_back_from_a_file_that_names_the_tied_tensor_once(tmp_p
     fresh = build_gpt(GPTOptions(context=8, layers=1, width=16, heads=2))
     load_model(fresh, tmp_path / "model.safetensors")  # strict
     assert torch.equal(fresh.tokens.weight, model.tokens.weight) and fresh.head.weight is fresh.tokens.weight
+
+
+def test_windows_longer_than_the_models_context_stop_at_the_first_batch(runjob_tester):
+    write_corpus(runjob_tester.path / "corpus", distinct_files(6, 400))
+    runjob_tester.write_job(
+        "job.toml",
+        """
+        [job]
+        name = "short"
+        [task]
+        name = "language_modeling"
+        [model]
+        name = "gpt"
+        context = 8
+        layers = 1
+        width = 16
+        heads = 2
+        [dataset]
+        name = "text_files"
+        paths = "corpus/*.txt"
+        context = 16
+        val_fraction = 0.3
+        [train]
+        batch_size = 4
+        """,
+    )
+    result = runjob_tester.cli("job.toml")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr_lines[-1] == (
+        "runjob: model 'gpt' cannot take the inputs of dataset 'text_files' (a batch of shape (4, 16)): gpt got "
+        "sequences of 16 tokens, longer than model.context = 8; set model.context >= 16 (or dataset.context <= 8)"
+    )

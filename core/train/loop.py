@@ -75,7 +75,7 @@ def first_loss(run: RunContext, batch: Any) -> Any:
         ) from None
     try:
         outputs = task.forward(run.model, batch)
-    except RuntimeError as error:
+    except (RuntimeError, ValueError) as error:  # torch's shape errors; a model's own checks
         raise TrainingError(
             f"model {job.model.name!r} cannot take the inputs of dataset {job.dataset.name!r} "
             f"(a batch of shape {shapes(inputs)}): {first_line(error)}"
