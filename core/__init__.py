@@ -2,7 +2,7 @@
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
 ``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
-``TaskOptions``, ``RunContext`` and the
+``TaskOptions``, ``Callback``, ``CallbackOptions``, ``RunContext`` and the
 error types; ``run`` trains a job file from Python, as ``runjob run`` does. Nothing here imports torch,
 accelerate or mlflow.
 """
@@ -23,6 +23,8 @@ _LAZY = {
     "ImageTensors": "runjob.host.components",
     "StrategyPlan": "runjob.host.components",
     "require_module": "runjob.host.components",
+    "Callback": "runjob.host.callback",
+    "CallbackOptions": "runjob.host.callback",
     "Task": "runjob.host.task",
     "TaskOptions": "runjob.host.task",
     "RunContext": "runjob.host.run_context",

@@ -31,7 +31,7 @@ class OneProcess:
 
 
 def run_in(tmp_path, accelerator):
-    return SimpleNamespace(accelerator=accelerator, output_dir=tmp_path, scheduler=None)
+    return SimpleNamespace(accelerator=accelerator, output_dir=tmp_path, scheduler=None, callbacks={})
 
 
 def test_checkpoints_are_kept_to_the_limit(tmp_path):

@@ -151,6 +151,47 @@ def runjob_register_tasks(register):
 
 
 @hookspec
+def runjob_register_callbacks(register):
+    """Register callbacks (``[callbacks.NAME]`` tables: a job switches on any number of them).
+
+    Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
+    once per callback. ``options`` subclasses :class:`runjob.CallbackOptions`, which may declare the
+    metrics the callback logs (``metrics()``) and those it reads (``watches()``), both checked by
+    ``runjob validate``. ``factory(options) -> runjob.Callback``: an object with any of the events
+    ``on_run_start(run)``, ``on_step(run, step, epoch, loss)``, ``on_log(run, step, epoch, metrics)``,
+    ``on_evaluation_start(run, step, epoch)``, ``on_evaluation(run, step, epoch, metrics)``,
+    ``on_train_end(run, step, epoch)``, ``on_run_end(run, status, error)``, and
+    ``state_dict()`` / ``load_state_dict(state)`` for what goes into every checkpoint. Through
+    ``run`` it may ``run.log(metrics)`` into the run's record and ``run.request_stop(reason)``.
+
+    Unlike the event hooks below, which a plugin implements for every run on the machine (a
+    company-wide logger), a callback runs only in the jobs that name it, with its options from the
+    job file. A whole callback::
+
+        class EveryOptions(runjob.CallbackOptions):
+            steps: int = 100
+
+            def metrics(self):
+                return {"train/loss_spread": "min"}
+
+        class Every(runjob.Callback):
+            def __init__(self, options):
+                self.steps, self.losses = options.steps, []
+
+            def on_step(self, run, step, epoch, loss):
+                self.losses.append(loss)
+                if step % self.steps == 0:
+                    spread = torch.stack(self.losses).std().item()
+                    run.log({"train/loss_spread": spread})
+                    self.losses = []
+
+        @runjob.hookimpl
+        def runjob_register_callbacks(register):
+            register("every", Every, options=EveryOptions)
+    """
+
+
+@hookspec
 def runjob_run_start(run):
     """Called once per process when training is about to begin.
 

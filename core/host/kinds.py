@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from runjob.host.callback import CallbackOptions
 from runjob.host.components import Options
 from runjob.host.task import TaskOptions
 
@@ -34,6 +35,9 @@ class Kind:
     facts: dict[str, Fact] = field(default_factory=dict)
     options_base: type[Options] = Options
     """What its components' options must subclass (task options declare their metrics)."""
+    many: bool = False
+    """A job names any number of them, each in its own ``[<plural>.NAME]`` table (callbacks),
+    instead of one in ``[name]``."""
 
     @property
     def hook(self) -> str:
@@ -56,9 +60,13 @@ KINDS: tuple[Kind, ...] = (
         },
     ),
     Kind("task", "tasks", default="classification", options_base=TaskOptions),
+    Kind("callback", "callbacks", options_base=CallbackOptions, many=True),
 )
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}
-NAMES: tuple[str, ...] = tuple(BY_NAME)
+NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS if not kind.many)
+"""The kinds a job chooses one of, each in its table (``[model] name = ...``)."""
+MANY_TABLES: tuple[str, ...] = tuple(kind.plural for kind in KINDS if kind.many)
+"""The tables of kinds a job lists any number of (``[callbacks.NAME]``)."""
 
 
 def checked_facts(kind: Kind, name: str, given: dict[str, Any]) -> dict[str, Any]:

@@ -1,20 +1,22 @@
-"""What training event hooks receive about the run in progress."""
+"""What training event hooks and callbacks receive about the run in progress."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 
 @dataclass
 class RunContext:
-    """The run in progress, as passed to ``runjob_run_start`` and the other event hooks.
+    """The run in progress, as passed to ``runjob_run_start``, the other event hooks and callbacks.
 
     ``job`` is the :class:`runjob.job.validation.ResolvedJob`; ``accelerator`` the
     ``accelerate.Accelerator``; ``model``, ``optimizer`` and the loaders are the prepared objects;
     ``scheduler`` may be ``None``; ``mlflow_run_id`` is set on the main process only; ``task`` is
-    the job's :class:`runjob.Task`; ``test_loader`` is ``None`` unless the dataset has a test split.
+    the job's :class:`runjob.Task`; ``test_loader`` is ``None`` unless the dataset has a test split;
+    ``callbacks`` maps the job's ``[callbacks.NAME]`` names to their :class:`runjob.Callback`;
+    ``step`` and ``epoch`` say where training stands (optimizer steps done, the 0-based epoch).
     """
 
     job: Any
@@ -28,3 +30,29 @@ class RunContext:
     mlflow_run_id: str | None = None
     task: Any = None
     test_loader: Any = None
+    callbacks: dict[str, Any] = field(default_factory=dict)
+    step: int = 0
+    epoch: int = 0
+    logged: dict[str, float] = field(default_factory=dict)
+    """What callbacks logged with :meth:`log`, the latest value of each name."""
+    recorder: Any = field(default=None, repr=False)
+    """``record(metrics, step)``: the host's path into ``metrics.jsonl`` and MLflow."""
+    stop_request: Any = field(default=None, repr=False)
+
+    def log(self, metrics: dict[str, float]) -> None:
+        """Record ``metrics`` at the current step, by the path runjob's own metrics take: into the
+        output folder's ``metrics.jsonl`` and MLflow, kept by an offline run and uploaded by
+        ``runjob sync``. Only the main process's values are recorded; call it on every process or
+        on the main one. Declare the names in the callback's options (``metrics()``)."""
+        values = {str(name): float(value) for name, value in metrics.items()}
+        self.logged.update(values)
+        if self.recorder is not None:
+            self.recorder(values, self.step)
+
+    def request_stop(self, reason: str) -> None:
+        """Ask training to end early, cleanly: at the next point where all processes agree anyway
+        (a log step, the end of an evaluation) the loop stops; the run then evaluates, saves and
+        uploads its final and best model, and ends FINISHED with ``reason`` as the tag
+        ``runjob.stopped``. A request from any process stops every process."""
+        if self.stop_request is not None and not self.stop_request.reason:
+            self.stop_request.reason = reason or "stopped by a callback"

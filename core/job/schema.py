@@ -11,11 +11,12 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from runjob.host.components import Options
+from runjob.host.kinds import MANY_TABLES
 from runjob.host.kinds import NAMES as KIND_NAMES
 
 HOST_TABLES = ("job", "train", "launch", "tracking")
 # the order of a resolved job's tables: what it is, its components (one table a kind), how it runs
-TABLE_ORDER = ("job", *KIND_NAMES, "train", "launch", "tracking")
+TABLE_ORDER = ("job", *KIND_NAMES, *MANY_TABLES, "train", "launch", "tracking")
 # accepted in a job file but not part of the resolved job: `runjob sweep` reads it, trials never see it
 SWEEP_TABLE = "sweep"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from runjob.errors import JobError, Problem
 from runjob.host.components import Component, Options
 from runjob.host.kinds import BY_NAME as KINDS
+from runjob.host.kinds import MANY_TABLES
 from runjob.host.kinds import NAMES as COMPONENT_TABLES
 from runjob.host.plugin_host import ComponentLookupError, PluginHost
 from runjob.host.task import EVALUATION_PREFIXES, declared_metrics
@@ -71,6 +72,11 @@ class ResolvedJob:
     scheduler: Chosen
     strategy: Chosen
     task: Chosen
+    callbacks: dict[str, Chosen] = field(default_factory=dict)
+    """The ``[callbacks.NAME]`` tables, in the job file's order, by NAME as written."""
+    metrics: dict[str, str] = field(default_factory=dict)
+    """Every metric the run can report (the task's for each split, the callbacks', ``train/loss``),
+    with the direction that is better, ``"max"`` or ``"min"``."""
     sweep: SweepTable | None = None
     """The ``[sweep]`` table, for ``runjob sweep``; not part of the job itself (nor of ``to_dict``)."""
 
@@ -78,6 +84,10 @@ class ResolvedJob:
         """The resolved job as job-file tables; reading it back gives the same job."""
         tables: dict[str, Any] = {}
         for table in TABLE_ORDER:
+            if table in MANY_TABLES:
+                if self.callbacks:
+                    tables[table] = {key: _dump(chosen.options) for key, chosen in self.callbacks.items()}
+                continue
             if table in COMPONENT_TABLES:
                 chosen: Chosen = getattr(self, table)
                 values = {"name": chosen.name, **_dump(chosen.options)}
@@ -205,8 +215,11 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
     loader_values = {k: v for k, v in dataset_values.items() if k in LoaderOptions.model_fields}
     loader = _check(LoaderOptions, loader_values, "dataset", raw, problems)
     sweep = _check_sweep(raw, problems)
+    before = len(problems)
+    callbacks = _choose_callbacks(raw, host, problems)
     metrics = _declared_by(chosen["task"], raw, problems) if chosen["task"] is not None else None
-    if metrics:
+    if metrics and len(problems) == before:  # a callback in error may be what declares a metric
+        metrics.update(_callback_metrics(callbacks, metrics, raw, problems))
         if host_tables["train"] is not None:
             host_tables["train"] = _best_metric(host_tables["train"], metrics, chosen["task"].name, raw, problems)
         if sweep is not None:
@@ -214,7 +227,9 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
 
     if problems:
         raise JobError(sorted(problems, key=lambda p: (p.file != str(raw.path), p.file, p.line or 0)))
-    return ResolvedJob(source=raw, loader=loader, sweep=sweep, **host_tables, **chosen)  # type: ignore[arg-type]
+    return ResolvedJob(
+        source=raw, loader=loader, sweep=sweep, callbacks=callbacks, metrics=metrics or {}, **host_tables, **chosen
+    )  # type: ignore[arg-type]
 
 
 def task_metrics(task: Chosen) -> dict[str, str]:
@@ -243,10 +258,10 @@ def _declared_by(task: Chosen, raw: RawJob, problems: list[Problem]) -> dict[str
     return None
 
 
-def _not_declared(value: str, task: str, accepted: list[str]) -> str:
+def _not_declared(value: str, whose: str, accepted: list[str]) -> str:
     close = difflib.get_close_matches(value, accepted, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"{value!r} is not a metric of task {task!r}; {hint}it reports: {', '.join(accepted)}"
+    return f"{value!r} is not a metric of {whose}; {hint}it reports: {', '.join(accepted)}"
 
 
 def _best_metric(
@@ -258,7 +273,7 @@ def _best_metric(
         return train.model_copy(update={"best_metric": validation[0]})
     if train.best_metric not in validation:
         origin = raw.origin("train.best_metric")
-        message = _not_declared(train.best_metric, task, validation)
+        message = _not_declared(train.best_metric, f"task {task!r}", validation)
         problems.append(Problem(origin.file, "train.best_metric", message, origin.line))
     return train
 
@@ -270,7 +285,7 @@ def _sweep_metric(
     metric = sweep.metric or next(iter(metrics))
     if metric not in metrics:
         origin = raw.origin(f"{SWEEP_TABLE}.metric")
-        message = _not_declared(metric, task, list(metrics))
+        message = _not_declared(metric, f"task {task!r}", list(metrics))
         problems.append(Problem(origin.file, f"{SWEEP_TABLE}.metric", message, origin.line))
         return sweep
     declared = "maximize" if metrics[metric] == "max" else "minimize"
@@ -283,6 +298,64 @@ def _sweep_metric(
         )
         problems.append(Problem(origin.file, f"{SWEEP_TABLE}.direction", message, origin.line))
     return sweep.model_copy(update={"metric": metric, "direction": declared})
+
+
+def _choose_callbacks(raw: RawJob, host: PluginHost, problems: list[Problem]) -> dict[str, Chosen]:
+    """The ``[callbacks.NAME]`` tables: each NAME a registered callback, its keys that callback's options."""
+    value = raw.data.get("callbacks", {})
+    if not isinstance(value, dict):
+        origin = raw.origin("callbacks")
+        message = f"must be tables [callbacks.NAME], got {value!r}"
+        problems.append(Problem(origin.file, "callbacks", message, origin.line))
+        return {}
+    chosen: dict[str, Chosen] = {}
+    owner: str | None = None
+    for name, options in value.items():
+        where = f"callbacks.{name}"
+        origin = raw.origin(where)
+        if not isinstance(options, dict):
+            message = f"must be a table of the callback's options ([{where}]), got {options!r}"
+            problems.append(Problem(origin.file, where, message, origin.line))
+            continue
+        try:
+            component = host.lookup("callback", name)
+        except ComponentLookupError as error:
+            problems.append(Problem(origin.file, where, str(error), origin.line))
+            continue
+        checked = _check(component.options, options, where, raw, problems)
+        if checked is None:
+            continue
+        if getattr(checked, "owns_model", False):
+            if owner is not None:
+                message = (
+                    f"callbacks {owner!r} and {name!r} both replace the weights that are evaluated and saved; "
+                    "switch on one of them"
+                )
+                problems.append(Problem(origin.file, where, message, origin.line))
+                continue
+            owner = name
+        chosen[name] = Chosen(component, checked)
+    return chosen
+
+
+def _callback_metrics(
+    callbacks: dict[str, Chosen], declared: dict[str, str], raw: RawJob, problems: list[Problem]
+) -> dict[str, str]:
+    """What the callbacks log, added to ``declared``; then every metric a callback reads checked."""
+    logged: dict[str, str] = {}
+    for chosen in callbacks.values():
+        logged.update(chosen.options.metrics())  # type: ignore[attr-defined]
+    known = {**declared, **logged}
+    for name, chosen in callbacks.items():
+        for key, metric in chosen.options.watches().items():  # type: ignore[attr-defined]
+            if metric not in known:
+                where = f"callbacks.{name}.{key}"
+                origin = raw.origin(where)
+                message = _not_declared(metric, "the task or the callbacks", list(known)).replace(
+                    "it reports", "they report"
+                )
+                problems.append(Problem(origin.file, where, message, origin.line))
+    return logged
 
 
 def _check_sweep(raw: RawJob, problems: list[Problem]) -> SweepTable | None:

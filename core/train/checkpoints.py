@@ -23,6 +23,7 @@ from runjob.job.keys import flat, value_text
 
 STATE_FILE = "runjob_state.json"
 SCHEDULER_FILE = "scheduler.pt"
+CALLBACKS_FILE = "callbacks.pt"  # every callback's state_dict(), by its name in the job
 PREFIX = "step-"
 
 
@@ -65,6 +66,9 @@ def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, An
         if accelerator.is_main_process:
             if run.scheduler is not None:
                 torch.save(run.scheduler.state_dict(), temporary / SCHEDULER_FILE)
+            states = {name: callback.state_dict() for name, callback in run.callbacks.items()}
+            if any(states.values()):
+                torch.save(states, temporary / CALLBACKS_FILE)
             state = {**asdict(position), **extra}
             (temporary / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
         accelerator.wait_for_everyone()
@@ -115,6 +119,11 @@ def load_checkpoint(run: Any, checkpoint: Path) -> Position:
         run.accelerator.load_state(str(checkpoint))
         if run.scheduler is not None and (checkpoint / SCHEDULER_FILE).exists():
             run.scheduler.load_state_dict(torch.load(checkpoint / SCHEDULER_FILE, weights_only=True))
+        if (checkpoint / CALLBACKS_FILE).exists():
+            states = torch.load(checkpoint / CALLBACKS_FILE, weights_only=True, map_location="cpu")
+            for name, callback in run.callbacks.items():
+                if states.get(name):
+                    callback.load_state_dict(states[name])
     except Exception as error:  # noqa: BLE001 - a corrupt or incompatible checkpoint
         raise RunjobError(f"cannot load checkpoint {checkpoint}: {describe(error)}") from None
     return Position(state["step"], state["epoch"], state["batches_done"])

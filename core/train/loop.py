@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runjob.errors import Terminated, TrainingError, first_line
+from runjob.errors import describe as describe_error
 from runjob.host.run_context import RunContext
 from runjob.train.checkpoints import Position
 
@@ -198,20 +199,49 @@ class NonFiniteGuard:
 
 
 class StopRequest:
-    """Set from a signal handler (SIGTERM, SIGINT, a configured signal); the loop stops at the next
-    point where every process can agree, after writing a checkpoint."""
+    """Set from a signal handler (SIGTERM, SIGINT, a configured signal), or by a callback's
+    ``run.request_stop(reason)``; the loop stops at the next point where every process can agree:
+    for a signal after writing a checkpoint (the run is KILLED and can resume), for a callback's
+    request cleanly (the run finishes)."""
 
     def __init__(self) -> None:
         self.signum = 0
+        self.reason = ""
 
-    def agreed(self, accelerator: Any) -> int:
-        """The signal to stop for, agreed by all processes (a collective when there are several)."""
+    def agreed(self, accelerator: Any) -> tuple[int, bool]:
+        """The signal to stop for, and whether a callback asked to stop, agreed by all processes (a
+        collective when there are several)."""
         if accelerator.num_processes == 1:
-            return self.signum
+            return self.signum, bool(self.reason)
         import torch
 
-        flag = torch.tensor([self.signum], device=accelerator.device)
-        return int(accelerator.reduce(flag, reduction="max").item())
+        flags = torch.tensor([self.signum, int(bool(self.reason))], device=accelerator.device)
+        signum, asked = accelerator.reduce(flags, reduction="max").tolist()
+        return int(signum), bool(asked)
+
+
+class StoppedEarly(Exception):  # noqa: N818 - a control-flow signal inside the loop, not an error
+    """A callback asked to stop and every process agreed."""
+
+
+class Callbacks:
+    """The job's callbacks, called in order for each event; one that raises ends the run with an
+    error naming it (the checkpoints written so far are kept)."""
+
+    def __init__(self, run: RunContext) -> None:
+        self.run = run
+        self.items = list(run.callbacks.items())
+
+    def __call__(self, event: str, *args: Any) -> None:
+        for name, callback in self.items:
+            try:
+                getattr(callback, event)(self.run, *args)
+            except (Terminated, KeyboardInterrupt, TrainingError):
+                raise
+            except Exception as error:  # noqa: BLE001 - a callback's failure is said in one line
+                raise TrainingError(
+                    f"callback {name!r} failed in {event} at step {self.run.step}: {describe_error(error)}"
+                ) from error
 
 
 class TrainingLoop:
@@ -252,6 +282,10 @@ class TrainingLoop:
         self.batches_done = 0
         self.evaluated_at = -1  # the step of the last evaluation: the epoch's end doesn't repeat it
         self.epoch = self.start.epoch
+        self.callbacks = Callbacks(run)
+        self.stopped = ""  # why a callback stopped training early, when one did
+        run.stop_request = self.stop
+        run.step, run.epoch = self.step, self.epoch
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""
@@ -270,13 +304,31 @@ class TrainingLoop:
             ) from None
 
     def _fit(self) -> dict[str, float]:
+        try:
+            self._epochs()
+        except StoppedEarly:
+            self.stopped = self.stop.reason or "stopped by a callback"
+            if self.run.accelerator.is_main_process:
+                print(f"runjob: stopping at step {self.step}: {self.stopped}")
+            if self.evaluated_at != self.step:
+                self._evaluate(self.epoch)
+        self.callbacks("on_train_end", self.step, self.epoch)
+        if self.run.test_loader is not None:
+            test_metrics = evaluate(self.run, self.run.test_loader, "test")
+            self.record(test_metrics, self.step)
+            self.last_metrics.update(test_metrics)
+            if self.run.accelerator.is_main_process:
+                print(f"test  step {self.step}  " + "  ".join(f"{k} {v:.4g}" for k, v in test_metrics.items()))
+        return self.last_metrics
+
+    def _epochs(self) -> None:
         job = self.run.job
         for epoch in range(self.start.epoch, self.schedule.epochs):
             if job.train.max_steps is not None and self.step >= job.train.max_steps:
                 break
             started = time.perf_counter()
             skip = self.start.batches_done if epoch == self.start.epoch else 0
-            self.epoch = epoch
+            self.epoch = self.run.epoch = epoch
             train_metrics = self._train_epoch(epoch, skip)
             self.last_metrics.update(train_metrics)
             if self.evaluated_at != self.step:
@@ -287,28 +339,25 @@ class TrainingLoop:
             finished = Position(self.step, epoch + 1, 0) if whole else Position(self.step, epoch, self.batches_done)
             self._stop_if_asked(finished)
             self.checkpoint(finished)
-        if self.run.test_loader is not None:
-            test_metrics = evaluate(self.run, self.run.test_loader, "test")
-            self.record(test_metrics, self.step)
-            self.last_metrics.update(test_metrics)
-            if self.run.accelerator.is_main_process:
-                print(f"test  step {self.step}  " + "  ".join(f"{k} {v:.4g}" for k, v in test_metrics.items()))
-        return self.last_metrics
 
     def _evaluate(self, epoch: int) -> dict[str, float]:
+        self.callbacks("on_evaluation_start", self.step, epoch)
         metrics = evaluate(self.run, self.run.val_loader)
         self.evaluated_at = self.step
         self.record(metrics, self.step)
-        self.on_evaluation(metrics, self.step)
+        self.callbacks("on_evaluation", self.step, epoch, metrics)
+        self.on_evaluation({**self.run.logged, **metrics}, self.step)  # a callback's logged metric may pick the best
         self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=metrics)
         self.last_metrics.update(metrics)
         return metrics
 
     def _stop_if_asked(self, position: Position) -> None:
-        signum = self.stop.agreed(self.run.accelerator)
+        signum, asked = self.stop.agreed(self.run.accelerator)
         if signum:
             self.checkpoint(position)
             raise Terminated(signum)
+        if asked:
+            raise StoppedEarly
 
     def _batches(self, epoch: int, skip: int) -> Any:
         loader = self.run.train_loader
@@ -379,7 +428,9 @@ class TrainingLoop:
                 if scheduler is not None and stepped and not accelerator.optimizer_step_was_skipped:
                     scheduler.step()
                 self.step += 1
+                run.step = self.step
                 self.hooks.runjob_after_step(run=run, step=self.step, epoch=epoch, loss=loss.detach())
+                self.callbacks("on_step", self.step, epoch, loss.detach())
                 here = Position(self.step, epoch, batches_done)
                 logged = self.step % train.log_every == 0
                 if logged:
@@ -390,6 +441,7 @@ class TrainingLoop:
                     window_start = time.perf_counter()
                 if train.eval_every and self.step % train.eval_every == 0:
                     self._evaluate_within_epoch(epoch, progress)
+                    self._stop_if_asked(here)  # evaluation synchronized the processes anyway
                     window_start = time.perf_counter()  # the throughput window leaves evaluation out
                 if logged or accelerator.num_processes == 1:  # agreeing costs a sync: only where one happens anyway
                     self._stop_if_asked(here)
@@ -437,6 +489,7 @@ class TrainingLoop:
         self.record(metrics, self.step)
         if accelerator.is_main_process:
             self.hooks.runjob_after_log(run=self.run, step=self.step, metrics=metrics)
+        self.callbacks("on_log", self.step, self.epoch, metrics)
         return metrics
 
     def _summary(self, epoch: int, seconds: float) -> None:

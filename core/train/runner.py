@@ -14,12 +14,13 @@ from typing import Any
 
 import tomli_w
 
-from runjob.errors import RunjobError, Terminated, TrainingError
+from runjob.errors import RunjobError, Terminated, TrainingError, describe
+from runjob.host.callback import Callback
 from runjob.host.plugin_host import PluginHost
 from runjob.host.run_context import RunContext
 from runjob.host.task import Task, declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
-from runjob.job.validation import ResolvedJob, task_metrics
+from runjob.job.validation import ResolvedJob
 from runjob.record.outputs import choose_output_dir
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.system_metrics import SystemMetricsSampler
@@ -186,11 +187,12 @@ def _train(
         _record_baselines(recorder, accelerator, splits.baselines)
         train_loader, val_loader, test_loader = loaders
         run = RunContext(job, accelerator, model, optimizer, scheduler, train_loader, val_loader, output_dir, run_id)
-        run.task, run.test_loader = task, test_loader
+        run.task, run.test_loader, run.recorder = task, test_loader, recorder.log_training_metrics
+        run.callbacks = _make_callbacks(job)
         start = load_checkpoint(run, checkpoint) if checkpoint is not None else Position()
         record = {"mlflow_run_id": run_id, "job": job.to_dict()}
         metric = job.train.best_metric
-        best = BestWeights(output_dir, metric, task_metrics(job.task)[metric] == "max")
+        best = BestWeights(output_dir, metric, job.metrics[metric] == "max")
 
         def save(position: Position) -> None:
             save_checkpoint(run, position, job.train.keep_checkpoints, record)
@@ -206,7 +208,7 @@ def _train(
             return flops
 
         host.hook.runjob_run_start(run=run)
-        TrainingLoop(
+        loop = TrainingLoop(
             run,
             host.hook,
             recorder.log_training_metrics,
@@ -217,7 +219,11 @@ def _train(
             on_evaluation=on_evaluation,
             count_flops=count_flops,
             peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
-        ).fit()
+        )
+        loop.callbacks("on_run_start")
+        loop.fit()
+        if loop.stopped:
+            recorder.set_tags({"runjob.stopped": loop.stopped, "runjob.stopped.step": str(loop.step)})
         accelerator.wait_for_everyone()
         save_weights(accelerator, model, output_dir)
         if accelerator.is_main_process:
@@ -277,6 +283,20 @@ def _start_record(
         recorder.log_artifact(folder / "job.toml")
         recorder.log_artifact(folder / "job_sources.json")
     return recorder
+
+
+def _make_callbacks(job: ResolvedJob) -> dict[str, Callback]:
+    """The job's ``[callbacks.NAME]``, built from their options, in the job file's order."""
+    callbacks = {}
+    for name, chosen in job.callbacks.items():
+        callback = chosen.component.factory(chosen.options)
+        if not isinstance(callback, Callback):
+            raise TrainingError(
+                f"callback {name!r} (plugin {chosen.component.plugin}): its factory returned a "
+                f"{type(callback).__name__}, not a runjob.Callback"
+            )
+        callbacks[name] = callback
+    return callbacks
 
 
 def _record_baselines(recorder: Recorder, accelerator: Any, baselines: dict[str, float]) -> None:
@@ -383,6 +403,11 @@ def _finish(
         except Exception:  # noqa: BLE001 - a plugin's bug must not hide the run's own outcome
             print("runjob: a plugin's runjob_run_end hook failed:", file=sys.stderr)
             traceback.print_exc()
+        for name, callback in run.callbacks.items():
+            try:
+                callback.on_run_end(run, status, error)
+            except Exception as failure:  # noqa: BLE001 - said in one line; the run's outcome stands
+                print(f"runjob: callback {name!r} failed in on_run_end: {describe(failure)}", file=sys.stderr)
     recorder.end(status, error)
     accelerator.end_training()
     _destroy_process_group()

@@ -1,0 +1,80 @@
+"""The callback contract: what a job switches on in ``[callbacks.NAME]`` tables.
+
+A callback receives the run's events, and through the run context may log metrics into runjob's
+own record (``run.log``), ask the run to stop cleanly (``run.request_stop``), and keep state that
+goes into every checkpoint (``state_dict`` / ``load_state_dict``). Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from runjob.host.components import Options
+
+Direction = Literal["max", "min"]
+
+
+class CallbackOptions(Options):
+    """Base class for a callback's options (the keys of its ``[callbacks.NAME]`` table).
+
+    Override :meth:`metrics` to declare what the callback logs with ``run.log`` (full names,
+    ``"train/grad_norm"``), so they may be a job's ``best_metric`` or sweep metric, and
+    :meth:`watches` to name the metrics it reads, which ``runjob validate`` checks against what
+    the task and the other callbacks declare.
+    """
+
+    owns_model: ClassVar[bool] = False
+    """True for a callback that replaces the weights that are evaluated and saved (an EMA): a job
+    may switch on only one such callback."""
+
+    def metrics(self) -> dict[str, Direction]:
+        """The metrics this callback logs, each with the direction that is better."""
+        return {}
+
+    def watches(self) -> dict[str, str]:
+        """The metrics this callback reads, by the option that names them (``{"metric": "val/loss"}``),
+        so a metric no task or callback declares is reported at that option's line."""
+        return {}
+
+
+class Callback:
+    """Base class of what a callback factory returns. Every event is optional; each is called on
+    every process, in the order the job lists its callbacks. Keep them cheap: most run in the loop.
+
+    ``run`` is the :class:`runjob.RunContext`: ``run.log(metrics)`` records metrics at the current
+    step (on the main process; other processes' calls are ignored) and ``run.request_stop(reason)``
+    ends training at the next point where all processes agree anyway (a log step, the end of an
+    evaluation), after which the run evaluates, saves and uploads its final and best model and ends
+    FINISHED with the reason as the tag ``runjob.stopped``.
+    """
+
+    def on_run_start(self, run: Any) -> None:
+        """Training is about to begin (the model, optimizer and loaders are prepared; after a resume,
+        :meth:`load_state_dict` has already run)."""
+
+    def on_step(self, run: Any, step: int, epoch: int, loss: Any) -> None:
+        """After each optimizer step; ``loss`` is this process's detached loss (``.item()`` syncs)."""
+
+    def on_log(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+        """Each time training metrics are logged (every ``train.log_every`` steps)."""
+
+    def on_evaluation_start(self, run: Any, step: int, epoch: int) -> None:
+        """Before an evaluation (e.g. swap in averaged weights)."""
+
+    def on_evaluation(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+        """After an evaluation over the validation set; ``metrics`` are the same on every process."""
+
+    def on_train_end(self, run: Any, step: int, epoch: int) -> None:
+        """Training is over and the final weights are about to be evaluated on the test split and saved."""
+
+    def on_run_end(self, run: Any, status: str, error: BaseException | None) -> None:
+        """The run ends: ``status`` is FINISHED, FAILED or KILLED."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this callback needs to continue after a resume: tensors, numbers, strings, lists and
+        dicts of them. The main process's is saved in every checkpoint (so it should be the same on
+        every process) and loaded with ``weights_only`` on every process."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
