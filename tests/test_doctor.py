@@ -344,7 +344,7 @@ def test_duplicate_component_fails(host):
     duplicated.duplicates[("model", "resnet18")] = [component, component]
     [duplicate, _] = doctor.check_plugins(duplicated)
     assert duplicate.status == "fail"
-    assert "'resnet18' is registered twice" in duplicate.detail
+    assert "'resnet18' is registered by more than one plugin" in duplicate.detail
 
 
 def test_plugins_are_loaded_when_no_host_is_given(host):

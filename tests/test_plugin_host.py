@@ -7,7 +7,6 @@ import inspect
 import pytest
 from helpers import SMALL_DIGITS
 
-from runjob.errors import JobError
 from runjob.host import hookspecs
 from runjob.host.plugin_host import ComponentLookupError, load_plugins
 from runjob.job.validation import load_resolved
@@ -44,18 +43,17 @@ def test_broken_plugin_is_reported_and_only_matters_when_needed(runjob_tester):
     assert "Plugins that failed to load, which may have provided it: broken (ModuleNotFoundError" in str(caught.value)
 
 
-def test_duplicate_name_is_an_error_naming_both_plugins(runjob_tester):
+def test_a_builtin_name_registered_again_goes_to_the_builtin(runjob_tester):
+    # more in test_plugin_control.py: plugin:name, two third-party registrations, the CLI's warning
     runjob_tester.install_plugin(
         "fake-dupe", {"fake_dupe": TINY_MODEL_PLUGIN.format(model="resnet18")}, {"dupe": "fake_dupe"}
     )
     host = load_plugins()
     job = runjob_tester.write_job("job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n')
-    with pytest.raises(JobError) as caught:
-        load_resolved(job, [], host)
-    message = str(caught.value)
-    assert "model 'resnet18' is registered twice" in message
-    assert "torchvision_models (runjob-train 0.1.0)" in message and "dupe (fake-dupe 1.0)" in message
-    load_resolved(job, ["model.name=resnet34"], host)  # other models are not affected
+    assert load_resolved(job, [], host).model.component.plugin == "torchvision_models"
+    assert load_resolved(job, ["model.name=dupe:resnet18"], host).model.component.plugin == "dupe"
+    (warning,) = host.warnings
+    assert warning.startswith("plugin dupe (fake-dupe 1.0) also registers model 'resnet18'; jobs get the built-in")
 
 
 def test_misspelt_hook_is_a_failure_not_silence(runjob_tester):

@@ -4,6 +4,7 @@ task (or its batches) goes through the same loop as the built-ins."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import SMALL_DIGITS
@@ -362,4 +363,4 @@ def test_the_readmes_task_plugin_trains_on_the_readmes_diabetes_file(tester, mon
     logged = mlflow.pytorch.load_model(f"runs:/{run.run_id}/model")  # any task's model loads back
     assert logged(torch.zeros(3, 10)).shape == (3, 1)
     requirements = mlflow.artifacts.download_artifacts(f"runs:/{run.run_id}/model/requirements.txt")
-    assert "torchvision" not in open(requirements).read()
+    assert "torchvision" not in Path(requirements).read_text()

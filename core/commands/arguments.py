@@ -51,5 +51,20 @@ def overrides_from(args: argparse.Namespace) -> list[str]:
     return overrides
 
 
+def add_disable_plugin(parser: argparse.ArgumentParser, dest: str = "disable_plugins") -> None:
+    """``--disable-plugin NAME``, repeatable, into ``args.<dest>``."""
+    parser.add_argument(
+        "--disable-plugin",
+        dest=dest,
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=(
+            "do not load (or import) the plugin of entry-point name NAME, as `runjob plugins` lists it; repeatable, "
+            "added to $RUNJOB_DISABLE_PLUGINS (comma-separated)"
+        ),
+    )
+
+
 def add_tracking_uri(parser: argparse.ArgumentParser, default_text: str) -> None:
     parser.add_argument("--tracking-uri", metavar="URI", help=f"MLflow tracking URI (default: {default_text})")

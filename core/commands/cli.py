@@ -4,11 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import os
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 from runjob.commands.arguments import (
+    add_disable_plugin,
     add_job_arguments,
     add_launch_arguments,
     add_overrides,
@@ -16,6 +21,12 @@ from runjob.commands.arguments import (
 )
 
 COMMANDS = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
+LOADING_PLUGINS = ("run", "validate", "doctor", "plugins", "rerun", "sweep")
+"""The commands that load plugins: they take ``--disable-plugin`` after the command name too."""
+SHOWING_WARNINGS = ("doctor", "plugins")
+"""The commands that list plugin warnings in their report rather than as ``runjob: warning:`` lines."""
+WARNED_ENVIRONMENT = "RUNJOB_PLUGIN_WARNINGS_SHOWN"
+"""Set while a command runs, so the workers and sweep trials it starts do not repeat its warnings."""
 
 DESCRIPTION = """\
 Train from a declarative TOML job file.
@@ -29,6 +40,9 @@ Train from a declarative TOML job file.
   runjob rerun RUN_ID [--set table.key=value]...                  run a recorded run's job again
   runjob sync OUTPUT_DIR                                          upload a run's local record to MLflow
   runjob sweep JOB.toml                                           run the job's [sweep] trials
+
+  --disable-plugin NAME (before or after the command; repeatable) or RUNJOB_DISABLE_PLUGINS=NAME,...
+  leaves a plugin unloaded. A job picks one plugin's component with name = "PLUGIN:NAME".
 """
 
 
@@ -39,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"runjob {__version__}")
+    # its own dest: a subcommand's defaults would overwrite what was given before the command
+    add_disable_plugin(parser, dest="disable_plugins_first")
     commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
 
     run = commands.add_parser(
@@ -161,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--output-dir", type=Path, help="where the sweep's trials go (default: runs/<job name>-sweep/<time>)"
     )
+    for name in LOADING_PLUGINS:
+        add_disable_plugin(commands.choices[name])
     return parser
 
 
@@ -179,11 +197,59 @@ def _command(name: str):
     return getattr(module, f"cmd_{name}")
 
 
+def _with_default_command(argv: list[str]) -> list[str]:
+    """``argv`` with ``run`` put before a job file given without a command (after any
+    ``--disable-plugin NAME`` in front)."""
+    start = 0
+    while start < len(argv) and argv[start].startswith("--disable-plugin"):
+        start += 1 if "=" in argv[start] else 2
+    if start < len(argv) and argv[start] not in COMMANDS and not argv[start].startswith("-"):
+        return [*argv[:start], "run", *argv[start:]]
+    return argv
+
+
+@contextlib.contextmanager
+def _plugin_settings(args: argparse.Namespace) -> Iterator[None]:
+    """While the command runs: the ``--disable-plugin`` names in ``$RUNJOB_DISABLE_PLUGINS``, so
+    every load of plugins, here and in the processes the command starts (launched workers, sweep
+    trials), leaves them out; and each plugin warning printed once as ``runjob: warning: ...``."""
+    args.disable_plugins = [*args.disable_plugins_first, *getattr(args, "disable_plugins", [])]
+    if args.command not in LOADING_PLUGINS:
+        yield
+        return
+    from runjob.host.plugin_host import DISABLE_ENVIRONMENT, PluginWarning, disabled_plugins
+
+    saved = {name: os.environ.get(name) for name in (DISABLE_ENVIRONMENT, WARNED_ENVIRONMENT)}
+    quiet = args.command in SHOWING_WARNINGS or WARNED_ENVIRONMENT in os.environ
+    shown: set[str] = set()
+    print_warning = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, PluginWarning):
+            print_warning(message, category, filename, lineno, file, line)
+        elif not quiet and str(message) not in shown:
+            shown.add(str(message))
+            print(f"runjob: warning: {message}", file=sys.stderr)
+
+    try:
+        if args.disable_plugins:  # an unknown name is refused here, before anything runs
+            os.environ[DISABLE_ENVIRONMENT] = ",".join(disabled_plugins(args.disable_plugins))
+        os.environ[WARNED_ENVIRONMENT] = "1"
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", PluginWarning)
+            warnings.showwarning = show
+            yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``runjob`` command; returns the exit code."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in COMMANDS and not argv[0].startswith("-"):
-        argv.insert(0, "run")
+    argv = _with_default_command(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -192,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     from runjob.errors import RunjobError, Terminated, user_message
 
     try:
-        return _command(args.command)(args)
+        with _plugin_settings(args):
+            return _command(args.command)(args)
     except RunjobError as error:
         _print_problems(user_message(error))
         return error.exit_code

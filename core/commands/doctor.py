@@ -218,7 +218,8 @@ def _check_sqlite(uri: str, source: str) -> Check:
 
 
 def check_plugins(host: PluginHost | None = None) -> list[Check]:
-    """A failure per plugin that did not load and per component name registered twice."""
+    """A failure per plugin that did not load and per bare name several third-party plugins register;
+    a warning per name a plugin registers that a built-in has; a line per disabled plugin."""
     if host is None:
         from runjob.host.plugin_host import load_plugins
 
@@ -227,11 +228,13 @@ def check_plugins(host: PluginHost | None = None) -> list[Check]:
         Check(f"plugin {f.name}", "fail", f"{f.name} ({f.distribution} {f.version}) failed to load: {f.error}")
         for f in host.failures
     ]
-    for (kind, name), owners in sorted(host.duplicates.items()):
-        by = " and ".join(host.plugin_label(c.plugin) for c in owners)
-        checks.append(
-            Check(f"{kind} {name}", "fail", f"{kind} {name!r} is registered twice, by {by}; uninstall one of them")
-        )
+    for kind, name in sorted(host.duplicates):
+        checks.append(Check(f"{kind} {name}", "fail", host.conflict(kind, name)))
+    checks += [Check("plugin shadows a built-in", "warn", warning) for warning in host.warnings]
+    checks += [
+        Check(f"plugin {d.name}", "ok", f"{d.name} ({d.distribution} {d.version}) disabled by {d.by}")
+        for d in host.disabled
+    ]
     checks.append(Check("plugins", "ok", f"{len(host.plugins)} plugin(s) loaded"))
     return checks
 

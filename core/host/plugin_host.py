@@ -3,25 +3,38 @@
 Built-in and third-party plugins are found the same way: through the ``runjob`` entry-point group.
 Each plugin is imported, registered and asked for its components on its own, so one that fails is
 recorded by name and only matters to a job that needs what it would have provided.
+
+A plugin can be switched off by its entry-point name (``--disable-plugin NAME`` or
+``RUNJOB_DISABLE_PLUGINS``): it is then not imported at all. When plugins register one name twice, a
+job may say whose it means with ``plugin:name``; a bare name goes to the built-in (a plugin of the
+``runjob-train`` distribution) when one of them is, and is an error naming both otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib.metadata
 import inspect
+import os
 import re
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pluggy
 
+from runjob.errors import RunjobError
 from runjob.host import hookspecs
 from runjob.host.components import Component, NoOptions, Options
 from runjob.host.kinds import BY_NAME, KINDS, checked_facts
 
 ENTRY_POINT_GROUP = "runjob"
+BUILTIN_DISTRIBUTION = "runjob-train"
+DISABLE_ENVIRONMENT = "RUNJOB_DISABLE_PLUGINS"
+"""Entry-point names of plugins not to load, comma-separated (``--disable-plugin`` adds to it)."""
+DISABLE_FLAG = "--disable-plugin"
 
 
 @dataclass
@@ -35,6 +48,16 @@ class PluginInfo:
     hooks: list[str] = field(default_factory=list)
     registers: dict[str, list[str]] = field(default_factory=dict)
 
+    @property
+    def builtin(self) -> bool:
+        """Shipped with runjob itself: its registrations win for a bare name."""
+        return _normalized(self.distribution) == BUILTIN_DISTRIBUTION
+
+    @property
+    def label(self) -> str:
+        """``'name (distribution version)'`` for messages."""
+        return f"{self.name} ({self.distribution} {self.version})"
+
 
 @dataclass
 class PluginFailure:
@@ -46,8 +69,26 @@ class PluginFailure:
     error: str
 
 
+@dataclass
+class DisabledPlugin:
+    """A plugin that was switched off, and by what (``--disable-plugin`` or ``RUNJOB_DISABLE_PLUGINS``)."""
+
+    name: str
+    distribution: str
+    version: str
+    by: str
+
+
 class ComponentLookupError(LookupError):
     """A job names a component that cannot be used; the message says why and what exists."""
+
+
+class PluginWarning(UserWarning):
+    """A plugin registers a name a built-in has; jobs using the bare name get the built-in."""
+
+
+class UnknownPluginError(RunjobError):
+    """A plugin to disable that no installed distribution provides."""
 
 
 class PluginHost:
@@ -58,8 +99,13 @@ class PluginHost:
         self.manager.add_hookspecs(hookspecs)
         self.plugins: list[PluginInfo] = []
         self.failures: list[PluginFailure] = []
+        self.disabled: list[DisabledPlugin] = []
+        self.registrations: dict[str, dict[str, list[Component]]] = {kind.name: {} for kind in KINDS}
+        """Every registration, by kind and name, in the order the plugins loaded."""
         self.components: dict[str, dict[str, Component]] = {kind.name: {} for kind in KINDS}
+        """What a bare name gives, by kind and name (for a name in ``duplicates``, the first one)."""
         self.duplicates: dict[tuple[str, str], list[Component]] = {}
+        """Names that several plugins, none or several of them built-in, register: a bare name is an error."""
 
     @property
     def hook(self) -> Any:
@@ -80,10 +126,10 @@ class PluginHost:
             self._fail(info, self._reason(error))
             return
         info.hooks = sorted(impl_hook for impl_hook in self._hook_names(info.name))
+        self.plugins.append(info)  # before its components: whether it is built-in decides who wins
         for component in found:
             info.registers.setdefault(component.kind, []).append(component.name)
             self._add_component(component)
-        self.plugins.append(info)
 
     def _reason(self, error: Exception) -> str:
         """One line saying what is wrong with a plugin, with the nearest real hook for a misspelt one."""
@@ -124,24 +170,61 @@ class PluginHost:
         return found
 
     def _add_component(self, component: Component) -> None:
-        known = self.components[component.kind].get(component.name)
-        if known is None:
-            self.components[component.kind][component.name] = component
+        kind, name = component.kind, component.name
+        owners = self.registrations[kind].setdefault(name, [])
+        owners.append(component)
+        builtins = [c for c in owners if self._builtin(c.plugin)]
+        if len(owners) == 1 or len(builtins) == 1:
+            self.components[kind][name] = owners[0] if len(owners) == 1 else builtins[0]
+            self.duplicates.pop((kind, name), None)
         else:
-            self.duplicates.setdefault((component.kind, component.name), [known]).append(component)
+            self.components[kind].setdefault(name, owners[0])
+            self.duplicates[(kind, name)] = list(owners)
+
+    def _builtin(self, plugin_name: str) -> bool:
+        return any(info.builtin for info in self.plugins if info.name == plugin_name)
 
     def plugin_label(self, plugin_name: str) -> str:
         """``'name (distribution version)'`` for messages."""
         for info in self.plugins:
             if info.name == plugin_name:
-                return f"{info.name} ({info.distribution} {info.version})"
+                return info.label
         return plugin_name
 
+    @property
+    def warnings(self) -> list[str]:
+        """One line per third-party registration of a name a built-in has (the built-in wins)."""
+        lines = []
+        for kind, by_name in self.registrations.items():
+            for name, owners in sorted(by_name.items()):
+                if (kind, name) in self.duplicates or len(owners) == 1:
+                    continue
+                for component in owners:
+                    if not self._builtin(component.plugin):
+                        lines.append(
+                            f"plugin {self.plugin_label(component.plugin)} also registers {kind} {name!r}; jobs get "
+                            f'the built-in; write "{component.plugin}:{name}" for the plugin\'s'
+                        )
+        return lines
+
+    def conflict(self, kind: str, name: str) -> str:
+        """Why the bare ``name`` cannot be used: the plugins that register it, and what to write instead."""
+        owners = self.duplicates[(kind, name)]
+        labels = " and ".join(f"plugin {self.plugin_label(c.plugin)}" for c in owners)
+        choices = " or ".join(f'"{c.plugin}:{name}"' for c in owners)
+        return f"{kind} {name!r} is registered by more than one plugin: {labels}; write {choices} to choose"
+
     def lookup(self, kind: str, name: str) -> Component:
-        """The component ``name`` of ``kind``; raises ComponentLookupError with advice."""
+        """The component ``name`` of ``kind``; raises ComponentLookupError with advice.
+
+        ``name`` may be ``plugin:name``: that plugin's registration (``plugin`` is its entry-point
+        name). It is returned under the name as written, so a resolved job written out and read
+        back gets the same component."""
+        plugin, sep, bare = name.partition(":")
+        if sep:
+            return dataclasses.replace(self._lookup_in(plugin, kind, bare), name=name)
         if (kind, name) in self.duplicates:
-            owners = " and ".join(f"plugin {self.plugin_label(c.plugin)}" for c in self.duplicates[(kind, name)])
-            raise ComponentLookupError(f"{kind} {name!r} is registered twice, by {owners}; uninstall one of them")
+            raise ComponentLookupError(self.conflict(kind, name))
         component = self.components[kind].get(name)
         if component is not None:
             return component
@@ -155,8 +238,39 @@ class PluginHost:
         if self.failures:  # before the list of names, which can be long
             broken = "; ".join(f"{f.name} ({f.error})" for f in self.failures)
             message += f" Plugins that failed to load, which may have provided it: {broken}."
+        if self.disabled:
+            off = ", ".join(f"{d.name} ({d.by})" for d in self.disabled)
+            message += f" Disabled plugins, which may provide it: {off}."
         message += f" Known {BY_NAME[kind].plural}: {', '.join(known) if known else 'none'}"
         raise ComponentLookupError(message)
+
+    def _lookup_in(self, plugin: str, kind: str, name: str) -> Component:
+        """``plugin``'s registration of ``name``, or why there is none."""
+        written = f"{plugin}:{name}"
+        for component in self.registrations[kind].get(name, []):
+            if component.plugin == plugin:
+                return component
+        for off in self.disabled:
+            if off.name == plugin:
+                raise ComponentLookupError(f"{written}: plugin {plugin!r} is disabled ({off.by})")
+        for failure in self.failures:
+            if failure.name == plugin:
+                raise ComponentLookupError(f"{written}: plugin {plugin!r} failed to load: {failure.error}")
+        info = next((info for info in self.plugins if info.name == plugin), None)
+        if info is None:
+            loaded = sorted(info.name for info in self.plugins)
+            close = difflib.get_close_matches(plugin, loaded, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ComponentLookupError(
+                f"{written}: no plugin is named {plugin!r}; {hint}Plugins (entry-point names): {', '.join(loaded)}"
+            )
+        own = info.registers.get(kind, [])
+        close = difflib.get_close_matches(name, own, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ComponentLookupError(
+            f"{written}: plugin {info.label} registers no {kind} {name!r}; {hint}"
+            f"its {BY_NAME[kind].plural}: {', '.join(own) if own else 'none'}"
+        )
 
 
 def _register_into(found: list[Component], kind: str, plugin_name: str) -> Callable[..., None]:
@@ -170,6 +284,8 @@ def _register_into(found: list[Component], kind: str, plugin_name: str) -> Calla
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"a {kind} name must be a non-empty string, got {name!r}")
+        if ":" in name:
+            raise TypeError(f"{kind} {name!r}: a name cannot hold ':', which jobs write between plugin and name")
         if not callable(factory):
             raise TypeError(f"{kind} {name!r}: factory {factory!r} is not callable")
         base = BY_NAME[kind].options_base
@@ -189,8 +305,39 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
     return sorted(unique.values(), key=lambda ep: ep.name)
 
 
-def load_plugins() -> PluginHost:
-    """Load every plugin of the ``runjob`` entry-point group, built-in and third-party alike."""
+def _normalized(distribution: str) -> str:
+    return re.sub(r"[-_.]+", "-", distribution).lower()
+
+
+def disabled_plugins(flagged: Iterable[str] = (), environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The plugins to leave unloaded, each with what disabled it: the names in
+    ``$RUNJOB_DISABLE_PLUGINS`` (comma-separated), then ``flagged`` (``--disable-plugin``).
+    A name no installed plugin has raises :class:`UnknownPluginError`."""
+    environ = os.environ if environ is None else environ
+    disabled = {name.strip(): DISABLE_ENVIRONMENT for name in environ.get(DISABLE_ENVIRONMENT, "").split(",")}
+    disabled.update((name.strip(), DISABLE_FLAG) for names in flagged for name in names.split(","))
+    disabled.pop("", None)
+    if disabled:
+        known = sorted({entry_point.name for entry_point in _entry_points()})
+        for name, by in disabled.items():
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                where = f"{DISABLE_FLAG} {name}" if by == DISABLE_FLAG else f"{DISABLE_ENVIRONMENT}={name}"
+                raise UnknownPluginError(
+                    f"{where}: no plugin is named {name!r}; {hint}Plugins (entry-point names): {', '.join(known)}"
+                )
+    return disabled
+
+
+def load_plugins(disabled: Mapping[str, str] | None = None) -> PluginHost:
+    """Load every plugin of the ``runjob`` entry-point group, built-in and third-party alike, except
+    those in ``disabled`` (entry-point name -> what disabled it, see :func:`disabled_plugins`;
+    by default ``$RUNJOB_DISABLE_PLUGINS``), which are not imported at all.
+
+    A third-party registration of a name a built-in has is in ``host.warnings`` and also issued
+    as a :class:`PluginWarning`."""
+    disabled = disabled_plugins() if disabled is None else disabled
     host = PluginHost()
     for entry_point in _entry_points():
         dist = entry_point.dist
@@ -200,10 +347,15 @@ def load_plugins() -> PluginHost:
             version=dist.version if dist else "?",
             module=entry_point.value,
         )
+        if info.name in disabled:
+            host.disabled.append(DisabledPlugin(info.name, info.distribution, info.version, disabled[info.name]))
+            continue
         try:
             plugin = entry_point.load()
         except Exception as error:  # noqa: BLE001 - one broken plugin must not stop the others
             host._fail(info, f"{type(error).__name__}: {error}")
             continue
         host.add_plugin(plugin, info)
+    for text in host.warnings:
+        warnings.warn(text, PluginWarning, stacklevel=2)
     return host
