@@ -36,7 +36,8 @@ class RunContext:
     logged: dict[str, float] = field(default_factory=dict)
     """What callbacks logged with :meth:`log`, the latest value of each name."""
     recorder: Any = field(default=None, repr=False)
-    """``record(metrics, step)``: the host's path into ``metrics.jsonl`` and MLflow."""
+    """The run's record (the host's): metrics, tags and artifacts go through it into the output
+    folder and MLflow."""
     stop_request: Any = field(default=None, repr=False)
 
     def log(self, metrics: dict[str, float]) -> None:
@@ -47,7 +48,22 @@ class RunContext:
         values = {str(name): float(value) for name, value in metrics.items()}
         self.logged.update(values)
         if self.recorder is not None:
-            self.recorder(values, self.step)
+            self.recorder.log_training_metrics(values, self.step)
+
+    def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
+        """Record the file or folder ``path``, which must be inside :attr:`output_dir`, as an artifact
+        of the run (under ``folder`` when given): kept in the local record, uploaded with the run,
+        and by ``runjob sync`` after an offline run. Only the main process's calls are recorded."""
+        path, root = Path(path).resolve(), self.output_dir.resolve()
+        if not path.is_relative_to(root):
+            raise ValueError(f"run.log_artifact({path}): artifacts must be inside the output folder {self.output_dir}")
+        if self.recorder is not None:
+            self.recorder.log_artifact(self.output_dir / path.relative_to(root), folder)
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        """Set tags on the run (main process only), e.g. a callback's verdict."""
+        if self.recorder is not None:
+            self.recorder.set_tags({str(key): str(value) for key, value in tags.items()})
 
     def request_stop(self, reason: str) -> None:
         """Ask training to end early, cleanly: at the next point where all processes agree anyway

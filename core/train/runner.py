@@ -187,7 +187,7 @@ def _train(
         _record_baselines(recorder, accelerator, splits.baselines)
         train_loader, val_loader, test_loader = loaders
         run = RunContext(job, accelerator, model, optimizer, scheduler, train_loader, val_loader, output_dir, run_id)
-        run.task, run.test_loader, run.recorder = task, test_loader, recorder.log_training_metrics
+        run.task, run.test_loader, run.recorder = task, test_loader, recorder
         run.callbacks = _make_callbacks(job)
         start = load_checkpoint(run, checkpoint) if checkpoint is not None else Position()
         record = {"mlflow_run_id": run_id, "job": job.to_dict()}
