@@ -2,7 +2,7 @@
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
 ``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
-``TaskOptions``, ``Callback``, ``CallbackOptions``, ``RunContext`` and the
+``TaskOptions``, ``Callback``, ``CallbackOptions``, ``RunContext``, ``Register`` and the
 error types; ``run`` trains a job file from Python, as ``runjob run`` does. Nothing here imports torch,
 accelerate or mlflow.
 """
@@ -28,6 +28,7 @@ _LAZY = {
     "Task": "runjob.host.task",
     "TaskOptions": "runjob.host.task",
     "RunContext": "runjob.host.run_context",
+    "Register": "runjob.host.hookspecs",
     "run": "runjob.train.entry",
     "RunOutcome": "runjob.train.entry",
     "RunjobError": "runjob.errors",

@@ -72,7 +72,7 @@ def test_callbacks_are_checked_before_the_run(watched):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr_lines == [
         "runjob: job.toml:12: callbacks.early_stoping: unknown callback 'early_stoping'; did you mean "
-        "'early_stopping'? Known callbacks: early_stopping, watcher",
+        "'early_stopping'? Known callbacks: early_stopping, ema, profile, watcher",
         "runjob: job.toml:14: callbacks.watcher.fail_at: Input should be a valid integer (got '3')",
     ], "metrics are checked once the callbacks are right: the watcher may be what declares one"
     watched.write_job("job.toml", job.replace("[callbacks.early_stoping]", "").replace('"3"', "3"))

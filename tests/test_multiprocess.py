@@ -323,3 +323,53 @@ def test_processes_started_by_srun_find_each_other(checked):
     assert "2 process(es) on cpu" in results[0][0]
     run = checked.only_run("srun")
     assert run.tags["runjob.distributed_type"] == "MULTI_CPU" and run.tags["runjob.world_size"] == "2"
+
+
+STOPPER_PLUGIN = """
+    import os
+    import runjob
+
+
+    class Stopper(runjob.Callback):
+        \"\"\"Only the second process asks to stop (at step 5); every process logs a count.\"\"\"
+
+        def __init__(self, options):
+            self.steps = 0
+
+        def on_step(self, run, step, epoch, loss):
+            self.steps += 1
+            run.log({"train/steps_seen": self.steps})
+            if step == 5 and os.environ.get("RANK") == "1":
+                run.request_stop("the second process saw step 5")
+
+        def state_dict(self):
+            return {"steps": self.steps}
+
+        def load_state_dict(self, state):
+            self.steps = state["steps"]
+
+
+    class StopperOptions(runjob.CallbackOptions):
+        def metrics(self):
+            return {"train/steps_seen": "max"}
+
+
+    @runjob.hookimpl
+    def runjob_register_callbacks(register):
+        register("stopper", Stopper, options=StopperOptions)
+"""
+
+
+def test_one_process_asking_to_stop_stops_both_cleanly(checked):
+    checked.install_plugin("fake-stopper", {"fake_stopper": STOPPER_PLUGIN}, {"stopper": "fake_stopper"})
+    job = linear_job("stopped").replace("log_every = 1", "log_every = 2").replace("epochs = 2", "epochs = 9")
+    checked.write_job("job.toml", job + "    batch_size = 8\n    [callbacks.stopper]\n")
+    result = checked.cli_subprocess("job.toml", "--num-processes", "2", "--output-dir", "out", timeout=RUN_TIMEOUT)
+    assert ok(result), result.stderr[-3000:]
+    run = checked.only_run("stopped")
+    assert run.status == "FINISHED"
+    assert run.tags["runjob.stopped"] == "the second process saw step 5"
+    assert run.tags["runjob.stopped.step"] == "6", "the processes agree at the next log step (every 2 steps)"
+    assert run.history("train/steps_seen") == [(step, float(step)) for step in range(1, 7)], "the main process's"
+    assert "model.safetensors" in run.artifacts() and "best/model.safetensors" in run.artifacts("best")
+    assert not processes_in(checked.path)

@@ -143,7 +143,7 @@ def test_a_hook_with_a_wrong_argument_name_only_matters_to_jobs_that_need_its_pl
     tester.install_plugin("fake-careless", {"fake_careless": CARELESS_PLUGIN}, {"careless": "fake_careless"})
     reason = (
         "hook runjob_after_evaluation(run, epoch, step, metric) takes 'metric', "
-        "which the specification runjob_after_evaluation(run, epoch, step, metrics) does not have"
+        "which the specification runjob_after_evaluation(run, step, epoch, metrics) does not have"
     )
     listed = tester.cli("plugins")
     assert listed.returncode == 0, listed.stderr

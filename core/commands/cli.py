@@ -19,6 +19,7 @@ from runjob.commands.arguments import (
     add_overrides,
     add_tracking_uri,
 )
+from runjob.commands.plugins import add_plugins_arguments
 
 COMMANDS = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
 LOADING_PLUGINS = ("run", "validate", "doctor", "plugins", "rerun", "sweep")
@@ -111,11 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_overrides(doctor)
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
 
-    commands.add_parser(
+    plugins = commands.add_parser(
         "plugins",
         help="list plugins, their versions and what they register",
         description="List every plugin, its distribution and version, and the components it registers.",
     )
+    add_plugins_arguments(plugins)
 
     uri_default = "$MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here"
     runs = commands.add_parser(

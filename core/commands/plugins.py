@@ -1,9 +1,28 @@
-"""``runjob plugins``: every plugin, what it registers, conflicts, warnings, disabled plugins and failures."""
+"""``runjob plugins``: every plugin, what it registers, conflicts, warnings, disabled plugins and failures;
+with ``--long``, every component of each kind with its plugin and description."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import textwrap
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runjob.host.plugin_host import PluginHost
+
+LISTING_WIDTH = 100
+"""The short listing's width, whatever the terminal (its lines are names, easy to read at 100)."""
+
+
+def add_plugins_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``plugins`` command's own options."""
+    parser.add_argument(
+        "-l",
+        "--long",
+        action="store_true",
+        help="also list every component of each kind with its plugin and description",
+    )
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
@@ -16,10 +35,12 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print(f"{info.name}  ({info.distribution} {info.version}, {info.module})")
         for kind, names in sorted(info.registers.items()):
             text = f"{BY_NAME[kind].plural}: {', '.join(names)}"
-            print(textwrap.fill(text, width=100, initial_indent="    ", subsequent_indent="        "))
+            print(textwrap.fill(text, width=LISTING_WIDTH, initial_indent="    ", subsequent_indent="        "))
         other_hooks = [h for h in info.hooks if not h.startswith("runjob_register_")]
         if other_hooks:
             print(f"    hooks: {', '.join(other_hooks)}")
+    if getattr(args, "long", False):
+        print_components(host, shutil.get_terminal_size((LISTING_WIDTH, 24)).columns)
     for (kind, name), _owners in sorted(host.duplicates.items()):
         print(f"CONFLICT: {host.conflict(kind, name)}")
     for warning in host.warnings:
@@ -30,3 +51,30 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     for failure in host.failures:
         print(f"FAILED: {failure.name}  ({failure.distribution} {failure.version}): {failure.error}")
     return 0
+
+
+def print_components(host: PluginHost, width: int) -> None:
+    """Per kind, one entry per registration: ``name  (plugin)  description``, the descriptions
+    lined up in one column and wrapped to ``width`` (under the entry when the column would leave
+    them too little room)."""
+    from runjob.host.kinds import KINDS
+
+    for kind in KINDS:
+        components = [c for registered in host.registrations[kind.name].values() for c in registered]
+        if not components:
+            continue
+        print(f"\n{kind.plural}:")
+        heads = [f"    {c.name}  ({c.plugin})" for c in components]
+        column = max(len(head) for head in heads) + 2
+        if width - column < 40:  # a long name would squeeze every description: put them under it
+            column = 8
+        for head, component in zip(heads, components, strict=True):
+            description = " ".join(component.description.split()) or "(no description)"
+            prefix = head.ljust(column)
+            if len(head) + 2 > column:
+                print(head)
+                prefix = " " * column
+            for line in textwrap.wrap(description, width=max(width - column, 20)):
+                print(f"{prefix}{line}")
+                prefix = " " * column
+    print()

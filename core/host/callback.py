@@ -64,6 +64,11 @@ class Callback:
     def on_evaluation(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
         """After an evaluation over the validation set; ``metrics`` are the same on every process."""
 
+    def on_evaluation_end(self, run: Any, step: int, epoch: int) -> None:
+        """After everything an evaluation leads to: the callbacks' ``on_evaluation``, then the host's
+        best weights (``best/``, saved from the model as evaluated) and event hooks (e.g. put back
+        weights swapped in at ``on_evaluation_start``)."""
+
     def on_train_end(self, run: Any, step: int, epoch: int) -> None:
         """Training is over and the final weights are about to be evaluated on the test split and saved."""
 

@@ -15,23 +15,61 @@ Two families of hooks exist:
   on every process, so a plugin can observe or extend training. Use ``run.accelerator
   .is_main_process`` to act once per job. They are called in the training loop: keep them cheap.
 
-The ``register`` callback's signature is ``register(name, factory, *, options=None,
-description="")``: ``name`` is what job files write in ``name = "..."``, ``options`` a subclass of
-:class:`runjob.Options` declaring every other key the component's table accepts (types, defaults,
-ranges; ``None`` means it takes none), and ``factory`` builds the component from the validated
-options. Each kind's factory signature is given in its hook's documentation.
+The ``register`` callback is described by :class:`runjob.Register` (annotate a registration hook's
+parameter with it and a type checker checks every call): ``register(name, factory, *, options=None,
+description="", **facts)``. Each kind's factory signature is given in its hook's documentation.
+
+The specifications are annotated, and every training event takes ``(run, step, epoch, ...)`` in
+that order (a hook may still name them in any order: arguments are passed by name). ``loss`` is
+annotated ``torch.Tensor`` without importing torch, which loading plugins never does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
 import pluggy
+
+if TYPE_CHECKING:
+    from runjob.host.components import Options
+    from runjob.host.run_context import RunContext
 
 hookspec = pluggy.HookspecMarker("runjob")
 hookimpl = pluggy.HookimplMarker("runjob")
 
 
+class Register(Protocol):
+    """The callback every ``runjob_register_*`` hook receives; call it once per component.
+
+    ``name`` is what job files write in ``name = "..."`` (a non-empty string without ``:``, which
+    jobs write between plugin and name). ``factory`` builds the component from the validated options;
+    its signature depends on the kind (see each hook). ``options`` is a subclass of
+    :class:`runjob.Options` (for tasks :class:`runjob.TaskOptions`, for callbacks
+    :class:`runjob.CallbackOptions`) declaring every other key the component's table accepts: types,
+    defaults, ranges; ``None`` means it takes none. ``description`` is the one line ``runjob plugins
+    --long`` shows. ``facts`` are what a component states about itself for ``runjob validate``
+    (``needs_gpu=True``, ``max_processes=N`` for strategies); a kind refuses facts it does not know.
+    A bad name, factory or options class raises ``TypeError``, reported as the plugin's failure::
+
+        @runjob.hookimpl
+        def runjob_register_models(register: runjob.Register) -> None:
+            register("mlp", build_mlp, options=MLPOptions, description="a two-layer perceptron")
+    """
+
+    def __call__(
+        self,
+        name: str,
+        factory: Callable[..., Any],
+        *,
+        options: type[Options] | None = None,
+        description: str = "",
+        **facts: Any,
+    ) -> None: ...
+
+
 @hookspec
-def runjob_register_models(register):
+def runjob_register_models(register: Register) -> None:
     """Register model components (``[model] name = ...``).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
@@ -43,7 +81,7 @@ def runjob_register_models(register):
 
 
 @hookspec
-def runjob_register_datasets(register):
+def runjob_register_datasets(register: Register) -> None:
     """Register dataset components (``[dataset] name = ...``).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
@@ -62,7 +100,7 @@ def runjob_register_datasets(register):
 
 
 @hookspec
-def runjob_register_optimizers(register):
+def runjob_register_optimizers(register: Register) -> None:
     """Register optimizer components (``[optimizer] name = ...``).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
@@ -72,7 +110,7 @@ def runjob_register_optimizers(register):
 
 
 @hookspec
-def runjob_register_schedulers(register):
+def runjob_register_schedulers(register: Register) -> None:
     """Register learning-rate scheduler components (``[scheduler] name = ...``).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
@@ -84,7 +122,7 @@ def runjob_register_schedulers(register):
 
 
 @hookspec
-def runjob_register_strategies(register):
+def runjob_register_strategies(register: Register) -> None:
     """Register distribution strategies (``[strategy] name = ...``).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
@@ -101,7 +139,7 @@ def runjob_register_strategies(register):
 
 
 @hookspec
-def runjob_register_tasks(register):
+def runjob_register_tasks(register: Register) -> None:
     """Register task components (``[task] name = ...``): what is learned from a batch.
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
@@ -145,13 +183,13 @@ def runjob_register_tasks(register):
                 return {"mae": totals["error"] / count}
 
         @runjob.hookimpl
-        def runjob_register_tasks(register):
+        def runjob_register_tasks(register: Register) -> None:
             register("mae", lambda options, data: MAE(), options=MAEOptions)
     """
 
 
 @hookspec
-def runjob_register_callbacks(register):
+def runjob_register_callbacks(register: Register) -> None:
     """Register callbacks (``[callbacks.NAME]`` tables: a job switches on any number of them).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
@@ -186,13 +224,13 @@ def runjob_register_callbacks(register):
                     self.losses = []
 
         @runjob.hookimpl
-        def runjob_register_callbacks(register):
+        def runjob_register_callbacks(register: Register) -> None:
             register("every", Every, options=EveryOptions)
     """
 
 
 @hookspec
-def runjob_run_start(run):
+def runjob_run_start(run: RunContext) -> None:
     """Called once per process when training is about to begin.
 
     ``run`` is the :class:`runjob.RunContext`: the resolved job, the Accelerator, the prepared
@@ -202,8 +240,9 @@ def runjob_run_start(run):
     """
 
 
+# torch is named, not imported: import-linter keeps runjob.host free of it, TYPE_CHECKING imports too
 @hookspec
-def runjob_after_step(run, step, epoch, loss):
+def runjob_after_step(run: RunContext, step: int, epoch: int, loss: torch.Tensor) -> None:  # noqa: F821
     """Called on every process after each optimizer step.
 
     ``run`` is the :class:`runjob.RunContext`; ``step`` is the global optimizer step just finished
@@ -214,7 +253,7 @@ def runjob_after_step(run, step, epoch, loss):
 
 
 @hookspec
-def runjob_after_log(run, step, metrics):
+def runjob_after_log(run: RunContext, step: int, metrics: dict[str, float]) -> None:
     """Called on the main process each time training metrics are logged (every ``train.log_every``
     optimizer steps).
 
@@ -225,18 +264,20 @@ def runjob_after_log(run, step, metrics):
 
 
 @hookspec
-def runjob_after_evaluation(run, epoch, step, metrics):
+def runjob_after_evaluation(run: RunContext, step: int, epoch: int, metrics: dict[str, float]) -> None:
     """Called on every process after each evaluation over the whole validation set (at the end of
     every epoch, and every ``train.eval_every`` optimizer steps when that is set).
 
-    ``run`` is the :class:`runjob.RunContext`; ``epoch`` is the 0-based epoch being trained,
-    ``step`` the global optimizer step, and ``metrics`` maps the task's metrics (``val/accuracy``
-    and ``val/loss`` for classification) to floats, identical on every process.
+    ``run`` is the :class:`runjob.RunContext`; ``step`` is the global optimizer step, ``epoch``
+    the 0-based epoch being trained, and ``metrics`` maps the task's metrics (``val/accuracy`` and
+    ``val/loss`` for classification) to floats, identical on every process. (The specification
+    used to read ``(run, epoch, step, metrics)``; hooks get their arguments by name, so an
+    implementation written either way receives the same values.)
     """
 
 
 @hookspec
-def runjob_run_end(run, status, error):
+def runjob_run_end(run: RunContext, status: str, error: BaseException | None) -> None:
     """Called once per process when the run ends, whether it finished or failed.
 
     ``run`` is the :class:`runjob.RunContext`; ``status`` is ``"FINISHED"``, ``"FAILED"`` or

@@ -145,7 +145,7 @@ class PluginHost:
         extra = re.search(r"definition: (\S.*?\)) Argument\(s\) \{(.*?)\} are declared in the hookimpl", text)
         spec = re.search(r"for hook '(\w+)'", text)
         if extra and spec and hasattr(hookspecs, spec[1]):
-            expected = f"{spec[1]}{inspect.signature(getattr(hookspecs, spec[1]))}"
+            expected = f"{spec[1]}({', '.join(inspect.signature(getattr(hookspecs, spec[1])).parameters)})"
             return f"hook {extra[1]} takes {extra[2]}, which the specification {expected} does not have"
         return text
 
@@ -273,7 +273,7 @@ class PluginHost:
         )
 
 
-def _register_into(found: list[Component], kind: str, plugin_name: str) -> Callable[..., None]:
+def _register_into(found: list[Component], kind: str, plugin_name: str) -> hookspecs.Register:
     def register(
         name: str,
         factory: Callable[..., Any],

@@ -217,6 +217,10 @@ class StopRequest:
 
         flags = torch.tensor([self.signum, int(bool(self.reason))], device=accelerator.device)
         signum, asked = accelerator.reduce(flags, reduction="max").tolist()
+        if asked:  # once a run: every process learns the reason given, whichever process gave it
+            from accelerate.utils import gather_object
+
+            self.reason = next(reason for reason in gather_object([self.reason]) if reason)
         return int(signum), bool(asked)
 
 
@@ -348,6 +352,7 @@ class TrainingLoop:
         self.callbacks("on_evaluation", self.step, epoch, metrics)
         self.on_evaluation({**self.run.logged, **metrics}, self.step)  # a callback's logged metric may pick the best
         self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=metrics)
+        self.callbacks("on_evaluation_end", self.step, epoch)
         self.last_metrics.update(metrics)
         return metrics
 

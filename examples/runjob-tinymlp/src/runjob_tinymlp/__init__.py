@@ -1,4 +1,5 @@
-"""A third-party runjob plugin: registers the model ``tiny_mlp`` and the task ``focal_classification``.
+"""A third-party runjob plugin: registers the model ``tiny_mlp``, the task ``focal_classification``
+and the callback ``loss_plateau``.
 
 Job files use them as::
 
@@ -16,9 +17,13 @@ Job files use them as::
 
     [train]
     best_metric = "val/balanced_accuracy"
+
+    [callbacks.loss_plateau]         # stop when the training loss stops falling
+    patience = 5                     # log steps in a row without a new lowest train/loss
+    min_delta = 0.0                  # how much lower counts as new
 """
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PositiveFloat
 
@@ -114,6 +119,49 @@ class FocalClassification(runjob.Task):
         }
 
 
+# --- a callback: stop when the training loss plateaus --------------------------------------------------
+
+
+class LossPlateauOptions(runjob.CallbackOptions):
+    patience: int = Field(5, ge=1)
+    """Log steps (every ``train.log_every`` optimizer steps) in a row without a new lowest
+    ``train/loss`` before training stops."""
+    min_delta: float = Field(0.0, ge=0)
+    """How much lower than the lowest so far counts as a new lowest."""
+
+    def metrics(self) -> dict[str, Literal["max", "min"]]:
+        return {"train/plateau_steps": "min"}
+
+
+class LossPlateau(runjob.Callback):
+    """Counts log steps without a new lowest ``train/loss``, logs the count as
+    ``train/plateau_steps`` and asks the run to stop once it reaches ``patience``. The lowest loss
+    and the count go into every checkpoint, so a resumed run counts on."""
+
+    def __init__(self, options: LossPlateauOptions) -> None:
+        self.patience = options.patience
+        self.min_delta = options.min_delta
+        self.lowest: float | None = None
+        self.plateau = 0
+
+    def on_log(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+        # train/loss is the mean over processes: every process counts the same
+        loss = metrics["train/loss"]
+        if self.lowest is None or loss < self.lowest - self.min_delta:
+            self.lowest, self.plateau = loss, 0
+        else:
+            self.plateau += 1
+        run.log({"train/plateau_steps": self.plateau})
+        if self.plateau >= self.patience:
+            run.request_stop(f"loss_plateau: no new lowest train/loss ({self.lowest:.4g}) for {self.plateau} log steps")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lowest": self.lowest, "plateau": self.plateau}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.lowest, self.plateau = state["lowest"], state["plateau"]
+
+
 @runjob.hookimpl
 def runjob_register_models(register):
     """Register tiny_mlp."""
@@ -128,4 +176,15 @@ def runjob_register_tasks(register):
         lambda options, data: FocalClassification(options),
         options=FocalOptions,
         description="focal loss for imbalanced classes; val/accuracy, val/balanced_accuracy, val/loss",
+    )
+
+
+@runjob.hookimpl
+def runjob_register_callbacks(register):
+    """Register loss_plateau."""
+    register(
+        "loss_plateau",
+        LossPlateau,
+        options=LossPlateauOptions,
+        description="stop when train/loss has no new lowest for `patience` log steps; logs train/plateau_steps",
     )

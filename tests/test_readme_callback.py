@@ -1,0 +1,57 @@
+"""The README's "Writing a callback" plugin, copied as a user would: it stops a run early with exit
+0, the run ends FINISHED with its final and best model uploaded, and the metric it logs reaches
+``metrics.jsonl`` and, after an offline run and ``runjob sync``, MLflow."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import SMALL_DIGITS
+
+pytestmark = pytest.mark.timeout(300)
+
+SOURCE = Path(__file__).resolve().parents[1] / "README.md"
+"""The Markdown file whose Python block is the plugin."""
+
+
+def source_python(first_line: str) -> str:
+    """The Python block of :data:`SOURCE` that begins with ``first_line``: what users copy."""
+    text = SOURCE.read_text(encoding="utf-8")
+    start = text.index("```python\n" + first_line) + len("```python\n")
+    return text[start : text.index("```", start)]
+
+
+def test_the_readmes_callback_stops_the_run_and_logs_its_metric(tester):
+    code = source_python("# my_callbacks/__init__.py\n")
+    tester.install_plugin("my-callbacks", {"my_callbacks": code}, {"my_callbacks": "my_callbacks"})
+    tester.write_job(
+        "job.toml",
+        SMALL_DIGITS.format(name="target")
+        + """
+    epochs = 6
+    [tracking]
+    offline = true
+    [callbacks.target]
+    target = 0.7
+    times = 2
+    """,
+    )
+    result = tester.cli("job.toml", "--output-dir", "out")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "runjob: stopping at step 132: target: val/accuracy reached 0.7" in result.stdout
+    points = [json.loads(line) for line in (tester.path / "out" / "metrics.jsonl").read_text().splitlines()]
+    gaps = [(p["step"], p["value"]) for p in points if p["key"] == "val/target_gap"]
+    accuracy = [(p["step"], p["value"]) for p in points if p["key"] == "val/accuracy"]
+    assert [step for step, _ in gaps] == [44, 88, 132], "0.7 reached at steps 88 and 132, not at 44"
+    assert [value for _, value in gaps] == pytest.approx([max(0.7 - value, 0.0) for _, value in accuracy])
+    assert gaps[0][1] > 0 and gaps[1][1] == gaps[2][1] == 0.0
+    synced = tester.cli("sync", "out")
+    assert synced.returncode == 0, synced.stderr[-2000:]
+    run = tester.only_run("target")
+    assert run.status == "FINISHED"
+    assert run.tags["runjob.stopped"] == "target: val/accuracy reached 0.7 at 2 evaluations in a row"
+    assert run.tags["runjob.stopped.step"] == "132", "three of six epochs"
+    assert "model.safetensors" in run.artifacts() and "best/model.safetensors" in run.artifacts("best")
+    assert run.history("val/target_gap") == gaps
