@@ -3,14 +3,12 @@ argument order that does not matter to implementations, and ``runjob plugins --l
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import json
 
 from helpers import SMALL_DIGITS
 
 import runjob
-from runjob.commands.plugins import add_plugins_arguments, cmd_plugins
 from runjob.host import hookspecs
 from runjob.host.plugin_host import _register_into
 
@@ -108,13 +106,12 @@ def test_plugins_long_lists_each_component_with_its_plugin_and_description(teste
     assert "tiny_models  (runjob-testing-tiny-models 1.0" in short.stdout
     assert "test model: one 3x3 convolution" not in short.stdout  # the default listing stays short
 
-    parser = argparse.ArgumentParser()
-    add_plugins_arguments(parser)
-    assert parser.parse_args(["-l"]).long and parser.parse_args(["--long"]).long
-    # through cmd_plugins itself: the `plugins` subcommand's parser is built in runjob.commands.cli
-    assert cmd_plugins(argparse.Namespace(long=True, disable_plugins=[])) == 0
-    out = capsys.readouterr().out
+    result = tester.cli("plugins", "--long")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
     assert "\nmodels:\n" in out
-    line = next(line for line in out.splitlines() if line.strip().startswith("tiny_cnn "))
-    assert "(tiny_models)" in line and "test model: one 3x3 convolution" in line
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("tiny_cnn "))
+    entry = " ".join(lines[at : at + 2])  # a long name column puts the description on the next line
+    assert "(tiny_models)" in entry and "test model: one 3x3 convolution" in entry
     assert all(len(line) <= 100 for line in out.splitlines() if line.startswith("    "))

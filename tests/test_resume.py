@@ -132,3 +132,28 @@ def test_resume_refuses_another_job_and_reports_bad_checkpoints(killer, monkeypa
     assert corrupt.returncode == 2
     assert "cannot load checkpoint out/checkpoints/step-00000005: SafetensorError" in corrupt.stderr
     assert "Traceback" not in corrupt.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(1200)
+def test_stateful_callbacks_resume_bit_identical_after_sigkill(killer):
+    """ema (its average) and early_stopping (its best and patience count) keep their state in the
+    checkpoints: killed with SIGKILL and resumed, the run ends with the averaged weights an
+    uninterrupted run ends with, bit for bit."""
+    callbacks = (
+        "    eval_every = 4\n    [callbacks.ema]\n    decay = 0.9\n    [callbacks.early_stopping]\n    patience = 20\n"
+    )
+    killer.write_job("job.toml", JOB + callbacks)
+    out = killer.path / "out"
+    killed = killer.cli_subprocess(
+        "job.toml", "--output-dir", "out", env={"KILL_AT_STEP": "11", "KILL_SIGNAL": "SIGKILL"}, timeout=RUN_TIMEOUT
+    )
+    assert killed.returncode == -9
+    resumed = killer.cli_subprocess("job.toml", "--output-dir", "out", "--resume", timeout=RUN_TIMEOUT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming step-00000008" in resumed.stdout
+    assert (out / "model.safetensors").read_bytes() == uninterrupted_weights(killer)
+    import torch
+
+    saved = torch.load(out / "checkpoints" / "step-00000044" / "callbacks.pt", weights_only=True)
+    assert saved["early_stopping"]["best"] is not None and saved["ema"]
