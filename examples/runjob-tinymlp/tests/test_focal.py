@@ -4,29 +4,13 @@ checked by `runjob validate`, and tiny_mlp trained with it on the digits."""
 import math
 
 import pytest
+from digits_jobs import ADAM, tiny_mlp_digits
 
-JOB = """
-    [job]
-    name = "focal"
-    [model]
-    name = "tiny_mlp"
-    num_classes = 10
-    in_features = 192   # 3 x 8 x 8
-    hidden_size = 32
-    [dataset]
-    name = "digits"
-    image_size = 8
-    [task]
-    name = "focal_classification"
-    gamma = 2.0
-    [optimizer]
-    name = "adam"
-    lr = 0.01
-    [train]
-    epochs = 2
-    batch_size = 64
-    best_metric = "val/balanced_accuracy"
-"""
+JOB = tiny_mlp_digits(
+    "focal",
+    tables=ADAM + '    [task]\n    name = "focal_classification"\n    gamma = 2.0\n',
+    train='    best_metric = "val/balanced_accuracy"\n',
+)
 
 
 @pytest.fixture
@@ -96,7 +80,7 @@ def test_validate_checks_best_metric_against_the_task(runjob_with_plugin):
     result = runjob_with_plugin.cli("validate", "bad.toml")
     assert result.returncode == 2
     assert result.stderr_lines == [
-        "runjob: bad.toml:20: train.best_metric: 'val/f1' is not a metric of task 'focal_classification'; "
+        "runjob: bad.toml:22: train.best_metric: 'val/f1' is not a metric of task 'focal_classification'; "
         "it reports: val/accuracy, val/balanced_accuracy, val/loss"
     ]
 

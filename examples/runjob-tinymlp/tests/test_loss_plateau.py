@@ -1,25 +1,17 @@
 """The plugin's callback, loss_plateau: its options checked by `runjob validate`, a run it stops
 ending FINISHED with exit 0, and its count carried across a resume by the checkpoint."""
 
-JOB = """
-    [job]
-    name = "plateau"
-    [model]
-    name = "tiny_mlp"
-    num_classes = 10
-    in_features = 192   # 3 x 8 x 8
-    hidden_size = 32
-    [dataset]
-    name = "digits"
-    image_size = 8
-    [train]
-    epochs = 2          # 22 steps an epoch
-    batch_size = 64
-    log_every = 5
+from digits_jobs import tiny_mlp_digits
+
+JOB = tiny_mlp_digits(
+    "plateau",
+    tables="""
     [callbacks.loss_plateau]
     patience = 2
     min_delta = 100.0   # no loss is 100 lower than the first: every later log step is on the plateau
-"""
+""",
+    train="    log_every = 5\n",
+)
 
 
 def test_validate_checks_the_callbacks_options(runjob_with_plugin):

@@ -1,23 +1,8 @@
 """The plugin, seen from runjob: it is listed, its options are checked, and tiny_mlp trains."""
 
-JOB = """
-    [job]
-    name = "tiny"
-    [model]
-    name = "tiny_mlp"
-    num_classes = 10
-    in_features = 768   # 3 x 16 x 16
-    hidden_size = 32
-    [dataset]
-    name = "digits"
-    image_size = 16
-    [optimizer]
-    name = "adam"
-    lr = 0.01
-    [train]
-    epochs = 2
-    batch_size = 64
-"""
+from digits_jobs import tiny_mlp_digits
+
+JOB = tiny_mlp_digits("tiny", image_size=16)
 
 
 def test_runjob_lists_the_plugin_and_its_model(runjob_with_plugin):
