@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import resource
 import shutil
 import subprocess
@@ -241,26 +240,11 @@ WORKERS = {"runjob": worker_runjob, "handwritten": worker_handwritten}
 
 
 def write_cifar(root: Path, num_train: int, num_test: int, seed: int = SEED) -> Path:
-    """CIFAR-10's python format (five training batches, a test batch, meta) with random pixels and
-    labels, ``num_train`` training images in all. The md5 sums are not CIFAR's: verify = false."""
-    import numpy as np
+    """CIFAR-10's python format with random pixels and labels, ``num_train`` training images in all
+    (the ``cifar10`` plugin's writer). The md5 sums are not CIFAR's: verify = false."""
+    from runjob.plugins.image_datasets import write_cifar10_files
 
-    rng = np.random.default_rng(seed)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True, exist_ok=True)
-    per_batch = -(-num_train // 5)
-    for name, count in [(f"data_batch_{i}", per_batch) for i in range(1, 6)] + [("test_batch", num_test)]:
-        batch = {
-            "batch_label": name,
-            "data": rng.integers(0, 256, size=(count, 3072), dtype=np.uint8),
-            "labels": [int(x) for x in rng.integers(0, 10, size=count)],
-        }
-        with open(folder / name, "wb") as file:
-            pickle.dump(batch, file)
-    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    with open(folder / "batches.meta", "wb") as file:
-        pickle.dump({"label_names": classes, "num_cases_per_batch": per_batch, "num_vis": 3072}, file)
-    return root
+    return write_cifar10_files(root, per_batch=-(-num_train // 5), test_count=num_test, seed=seed)
 
 
 def gpu_name() -> str:

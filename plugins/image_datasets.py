@@ -14,6 +14,34 @@ CIFAR_STD = [0.2470, 0.2435, 0.2616]
 IMAGENET_MEAN = [0.485, 0.456, 0.406]
 IMAGENET_STD = [0.229, 0.224, 0.225]
 CIFAR_FOLDER = "cifar-10-batches-py"
+CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def write_cifar10_files(root: Path, per_batch: int, test_count: int | None = None, seed: int = 0) -> Path:
+    """Files in CIFAR-10's python layout under ``root/cifar-10-batches-py`` (five training batches of
+    ``per_batch`` images, a test batch of ``test_count``, the meta file) with random pixels and
+    labels: data to test and benchmark the ``cifar10`` dataset offline. Their md5 sums are not
+    CIFAR's, so a job reads them with ``verify = false``. Returns ``root``."""
+    import pickle
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder = root / CIFAR_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    counts = [(f"data_batch_{i}", per_batch) for i in range(1, 6)]
+    counts.append(("test_batch", per_batch if test_count is None else test_count))
+    for name, count in counts:
+        batch = {
+            "batch_label": name,
+            "data": rng.integers(0, 256, size=(count, 3072), dtype=np.uint8),
+            "labels": [int(x) for x in rng.integers(0, 10, size=count)],
+        }
+        with open(folder / name, "wb") as file:
+            pickle.dump(batch, file)
+    with open(folder / "batches.meta", "wb") as file:
+        pickle.dump({"label_names": CIFAR_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072}, file)
+    return root
 
 
 class CIFAR10Options(Options):

@@ -4,35 +4,17 @@ same session, have a conftest.py too, and only one module can be called ``confte
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def write_cifar_batches(root: Path, per_batch: int = 20, seed: int = 0) -> Path:
-    """CIFAR-10's python format (five training batches, a test batch, meta) with random pixels.
+    """CIFAR-10's python format with random pixels, ``per_batch`` images in each batch file (the
+    ``cifar10`` plugin's own writer); the md5 sums are not CIFAR's."""
+    from runjob.plugins.image_datasets import write_cifar10_files
 
-    The files are real pickles in torchvision's layout, but their md5 sums are not CIFAR's.
-    """
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True, exist_ok=True)
-    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
-    for name in names:
-        batch = {
-            "batch_label": name,
-            "data": rng.integers(0, 256, size=(per_batch, 3072), dtype=np.uint8),
-            "labels": [int(x) for x in rng.integers(0, 10, size=per_batch)],
-        }
-        with open(folder / name, "wb") as file:
-            pickle.dump(batch, file)
-    classes = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    with open(folder / "batches.meta", "wb") as file:
-        pickle.dump({"label_names": classes, "num_cases_per_batch": per_batch, "num_vis": 3072}, file)
-    return root
+    return write_cifar10_files(root, per_batch, seed=seed)
 
 
 SMALL_DIGITS = """

@@ -18,9 +18,6 @@ from runjob.errors import RunjobError
 from runjob.record.store import all_experiments, get_run, open_store, reading
 from runjob.record.tracking import resolve_tracking_uri
 
-# the final metrics `runs` shows: those each run's task declared (the runjob.metrics tag), then the training loss;
-# runs recorded before tasks declared metrics show these
-EARLIER_METRICS = ("val/accuracy", "val/loss")
 TABLE_WIDTH = 120  # `runs` shows as many differing job keys as fit in this many characters
 KEY_COLUMN_WIDTH = 18
 NAME_WIDTH = 20  # experiment and run names in `runs`
@@ -102,8 +99,8 @@ def key_metrics(runs: list[Any]) -> list[str]:
     for run in runs:
         try:
             declared = list(json.loads(run.data.tags["runjob.metrics"]))
-        except (KeyError, ValueError, TypeError):
-            declared = list(EARLIER_METRICS)
+        except (KeyError, ValueError, TypeError):  # recorded before tasks declared metrics: what it evaluated
+            declared = sorted(name for name in run.data.metrics if name.startswith("val/"))
         names.update(dict.fromkeys(declared))
     return [*names, "train/loss"]
 

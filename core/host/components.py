@@ -114,7 +114,7 @@ class ImageTensors:
     """A dataset split held whole in memory, as one image tensor and one label tensor.
 
     Return it as ``DatasetSplits.train`` / ``.val`` instead of a ``Dataset`` when the data fits in
-    memory (CIFAR-10 is 150 MB as uint8). The host then keeps it on the training device (the GPU
+    memory (50,000 32x32 RGB images are 150 MB as uint8). The host then keeps it on the training device (the GPU
     when there is one) and builds every batch there as whole tensors: it gathers the batch's
     images, applies the random crop and flip to all of them at once, and normalizes. No per-image
     Python, no DataLoader workers, no host-to-device copy per step. Shuffling, sharding across

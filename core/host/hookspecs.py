@@ -74,9 +74,8 @@ def runjob_register_models(register: Register) -> None:
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
     once per model. ``factory(options) -> torch.nn.Module`` returns a model whose forward takes what
-    the job's task passes it (by default the inputs of a batch) and returns what the task expects:
-    class logits of shape ``(batch, num_classes)`` for ``classification``, values of the targets'
-    shape for ``regression``, ``(batch, tokens, vocabulary)`` logits for ``language_modeling``.
+    the job's task passes it (by default the inputs of a batch) and returns what the task expects
+    (each task documents its batches and outputs; the task checks them at the first batch).
     """
 
 
@@ -86,9 +85,9 @@ def runjob_register_datasets(register: Register) -> None:
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
     once per dataset. ``factory(options) -> runjob.DatasetSplits`` returns the training and
-    validation ``torch.utils.data.Dataset`` objects (items are what the job's task reads:
-    ``(input, class_index)`` pairs for ``classification``, ``(input, values)`` for ``regression``,
-    token windows for ``language_modeling``), optionally a test split, and the number of classes.
+    validation ``torch.utils.data.Dataset`` objects (items are what the job's task reads, e.g.
+    ``(input, target)`` pairs, dicts or token windows), optionally a test split, and the number of
+    classes where the targets are classes.
     A split that fits in memory may instead be a
     ``runjob.ImageTensors`` (one image tensor, labels, normalization, crop and flip): the host then
     keeps it on the training device and builds each batch there as whole tensors. The host adds
@@ -269,8 +268,8 @@ def runjob_after_evaluation(run: RunContext, step: int, epoch: int, metrics: dic
     every epoch, and every ``train.eval_every`` optimizer steps when that is set).
 
     ``run`` is the :class:`runjob.RunContext`; ``step`` is the global optimizer step, ``epoch``
-    the 0-based epoch being trained, and ``metrics`` maps the task's metrics (``val/accuracy`` and
-    ``val/loss`` for classification) to floats, identical on every process. (The specification
+    the 0-based epoch being trained, and ``metrics`` maps the task's declared metrics, prefixed
+    ``val/``, to floats, identical on every process. (The specification
     used to read ``(run, epoch, step, metrics)``; hooks get their arguments by name, so an
     implementation written either way receives the same values.)
     """

@@ -58,7 +58,7 @@ def save_mlflow_model(job: Any, output_dir: Path, example: Any) -> Path:
 
 def model_requirements(model: Any) -> list[str]:
     """The pip requirements of ``model``: torch, and the distribution whose package defines the
-    model's class (torchvision for its models, a plugin's own distribution for its models), each
+    model's class (the package that provides the model, whichever plugin registered it), each
     pinned to the installed version without a local build tag (``2.6.0``, not ``2.6.0+cu124``)."""
     import importlib.metadata
 
