@@ -2,8 +2,9 @@
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
 ``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
-``TaskOptions``, ``Callback``, ``CallbackOptions``, ``RunContext``, ``Register`` and the
-error types; ``run`` trains a job file from Python, as ``runjob run`` does. Nothing here imports torch,
+``TaskOptions``, ``Callback``, ``CallbackOptions``, ``RunContext``, ``Register``, the FLOP
+counting helpers (``meta_model``, ``training_flops_per_unit``, ``peak_flops``) and the error
+types; ``run`` trains a job file from Python, as ``runjob run`` does. Nothing here imports torch,
 accelerate or mlflow.
 """
 
@@ -29,6 +30,9 @@ _LAZY = {
     "TaskOptions": "runjob.host.task",
     "RunContext": "runjob.host.run_context",
     "Register": "runjob.host.hookspecs",
+    "meta_model": "runjob.train.flops",
+    "training_flops_per_unit": "runjob.train.flops",
+    "peak_flops": "runjob.train.flops",
     "run": "runjob.train.entry",
     "RunOutcome": "runjob.train.entry",
     "RunjobError": "runjob.errors",

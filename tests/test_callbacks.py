@@ -72,7 +72,8 @@ def test_callbacks_are_checked_before_the_run(watched):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr_lines == [
         "runjob: job.toml:12: callbacks.early_stoping: unknown callback 'early_stoping'; did you mean "
-        "'early_stopping'? Known callbacks: early_stopping, ema, profile, watcher",
+        "'early_stopping'? Known callbacks: best_weights, early_stopping, ema, peak_memory, profile, throughput, "
+        "watcher",
         "runjob: job.toml:14: callbacks.watcher.fail_at: Input should be a valid integer (got '3')",
     ], "metrics are checked once the callbacks are right: the watcher may be what declares one"
     watched.write_job("job.toml", job.replace("[callbacks.early_stoping]", "").replace('"3"', "3"))
@@ -81,7 +82,7 @@ def test_callbacks_are_checked_before_the_run(watched):
     assert result.stderr_lines == [
         "runjob: job.toml:16: callbacks.early_stopping.metric: 'val/acuracy' is not a metric of the task or the "
         "callbacks; did you mean 'val/accuracy'? they report: val/accuracy, val/loss, test/accuracy, test/loss, "
-        "train/loss, val/error_rate"
+        "train/loss, train/tflops, train/mfu, train/peak_memory_gib, train/peak_rss_gib, val/error_rate"
     ], "best_metric = val/error_rate is the watcher's: no problem there"
 
 

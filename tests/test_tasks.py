@@ -50,8 +50,9 @@ def test_metrics_the_task_does_not_declare_are_refused_with_their_lines(tester):
     assert result.stderr_lines == [
         "runjob: job.toml:11: train.best_metric: 'val/accuracy' is not a metric of task 'regression'; it reports: "
         "val/r2, val/mae, val/rmse, val/loss",
-        "runjob: job.toml:15: sweep.metric: 'val/r22' is not a metric of task 'regression'; did you mean 'val/r2'? "
-        "it reports: val/r2, val/mae, val/rmse, val/loss, test/r2, test/mae, test/rmse, test/loss, train/loss",
+        "runjob: job.toml:15: sweep.metric: 'val/r22' is not a metric of task 'regression' or the callbacks; did you "
+        "mean 'val/r2'? it reports: val/r2, val/mae, val/rmse, val/loss, test/r2, test/mae, test/rmse, test/loss, "
+        "train/loss, train/tflops, train/mfu, train/peak_memory_gib, train/peak_rss_gib",
     ]
     tester.write_job(
         "job.toml",

@@ -216,10 +216,12 @@ def test_plan_shows_batches_precision_strategy_and_warnings(contract, host):
             "train.gradient_accumulation_steps=2",
             "train.mixed_precision=fp16",
             "strategy.name=fsdp",
+            "callbacks.throughput.enabled=false",
         ],
         host,
     )
     text = "\n".join(plan_lines(job, has_gpu=False))
+    assert "callbacks: best_weights, peak_memory (switched off: throughput)" in text
     assert "processes: 4 on 1 machine(s), 4 per machine" in text
     assert "batch: 32 per process x 4 = 128 global; gradient accumulation 2 -> 256 samples per optimizer step" in text
     assert "precision: fp16" in text and "strategy: fsdp (fsdp_version=2" in text

@@ -23,6 +23,10 @@ class CallbackOptions(Options):
     the task and the other callbacks declare.
     """
 
+    enabled: bool = True
+    """``false`` switches the callback off for this job: a callback on by default (``best_weights``,
+    ``throughput``, ``peak_memory``), or one a job lists but a run (``--set``, a sweep) leaves out."""
+
     owns_model: ClassVar[bool] = False
     """True for a callback that replaces the weights that are evaluated and saved (an EMA): a job
     may switch on only one such callback."""
@@ -39,7 +43,10 @@ class CallbackOptions(Options):
 
 class Callback:
     """Base class of what a callback factory returns. Every event is optional; each is called on
-    every process, in the order the job lists its callbacks. Keep them cheap: most run in the loop.
+    every process: first for the callbacks on by default (registered with ``on_by_default=True``:
+    runjob's ``best_weights``, ``throughput``, ``peak_memory``), then in the order the job lists its
+    ``[callbacks.NAME]`` tables. Keep them cheap: most run in the loop. An event a callback does not
+    override costs nothing.
 
     ``run`` is the :class:`runjob.RunContext`: ``run.log(metrics)`` records metrics at the current
     step (on the main process; other processes' calls are ignored) and ``run.request_stop(reason)``
@@ -52,11 +59,21 @@ class Callback:
         """Training is about to begin (the model, optimizer and loaders are prepared; after a resume,
         :meth:`load_state_dict` has already run)."""
 
+    def on_epoch_start(self, run: Any, step: int, epoch: int) -> None:
+        """A training epoch begins (``epoch`` is 0-based; after a resume, possibly part-way through)."""
+
+    def on_batch(self, run: Any, step: int, epoch: int, batch: Any) -> None:
+        """Before each training micro-batch goes through the model: ``batch`` is on the device, as
+        the task receives it; ``step`` is the optimizer steps done so far."""
+
     def on_step(self, run: Any, step: int, epoch: int, loss: Any) -> None:
         """After each optimizer step; ``loss`` is this process's detached loss (``.item()`` syncs)."""
 
     def on_log(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
-        """Each time training metrics are logged (every ``train.log_every`` steps)."""
+        """Each time training metrics are logged (every ``train.log_every`` steps and at the end of
+        an epoch). ``metrics`` holds what is being logged at this step: runjob's own (``train/loss``,
+        ``lr``) and what the callbacks before this one added with ``run.log`` (``throughput`` and
+        ``peak_memory`` come first). What a callback logs here is recorded with them, in one call."""
 
     def on_evaluation_start(self, run: Any, step: int, epoch: int) -> None:
         """Before an evaluation (e.g. swap in averaged weights)."""
@@ -65,9 +82,12 @@ class Callback:
         """After an evaluation over the validation set; ``metrics`` are the same on every process."""
 
     def on_evaluation_end(self, run: Any, step: int, epoch: int) -> None:
-        """After everything an evaluation leads to: the callbacks' ``on_evaluation``, then the host's
-        best weights (``best/``, saved from the model as evaluated) and event hooks (e.g. put back
-        weights swapped in at ``on_evaluation_start``)."""
+        """After every callback's ``on_evaluation`` and the global ``runjob_after_evaluation`` hooks;
+        ``best_weights`` saves ``best/`` here, first, from the model as evaluated, so a callback that
+        swapped weights in at ``on_evaluation_start`` puts them back here."""
+
+    def on_epoch_end(self, run: Any, step: int, epoch: int) -> None:
+        """An epoch is over and evaluated, before its checkpoint is written."""
 
     def on_train_end(self, run: Any, step: int, epoch: int) -> None:
         """Training is over and the final weights are about to be evaluated on the test split and saved."""

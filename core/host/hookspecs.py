@@ -163,7 +163,7 @@ def runjob_register_tasks(register: Register) -> None:
     * optionally ``check(outputs, batch)``, run on the first training batch: raise
       ``ValueError("outputs of shape ... but ...")`` when the model does not fit the task; and
       ``count(batch)`` with the class attribute ``unit`` (``"samples"``, ``"tokens"``) for the
-      ``train/<unit>_per_s`` throughput.
+      ``train/<unit>_per_s`` throughput (logged by the ``throughput`` callback).
 
     A whole task, e.g. mean absolute error regression::
 
@@ -257,8 +257,10 @@ def runjob_after_log(run: RunContext, step: int, metrics: dict[str, float]) -> N
     optimizer steps).
 
     ``run`` is the :class:`runjob.RunContext`, ``step`` the global optimizer step; ``metrics`` maps
-    metric names (``train/loss``, ``lr``, ``train/<unit>_per_s`` with the task's unit, e.g.
-    ``train/samples_per_s``) to floats, exactly as sent to MLflow and ``metrics.jsonl`` at ``step``.
+    metric names (``train/loss``, ``lr``, and what the callbacks logged in ``on_log``: with the
+    callbacks on by default ``train/<unit>_per_s`` with the task's unit, e.g.
+    ``train/samples_per_s``, ``train/tflops`` and peak memory) to floats, exactly as sent to MLflow
+    and ``metrics.jsonl`` at ``step``.
     """
 
 

@@ -60,7 +60,20 @@ KINDS: tuple[Kind, ...] = (
         },
     ),
     Kind("task", "tasks", default="classification", options_base=TaskOptions),
-    Kind("callback", "callbacks", options_base=CallbackOptions, many=True),
+    Kind(
+        "callback",
+        "callbacks",
+        options_base=CallbackOptions,
+        many=True,
+        facts={
+            "on_by_default": Fact(
+                bool,
+                False,
+                "it runs in every job unless the job switches it off ([callbacks.NAME] enabled = false); "
+                "its options then need defaults",
+            ),
+        },
+    ),
 )
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}
 NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS if not kind.many)

@@ -214,6 +214,15 @@ class PluginHost:
         choices = " or ".join(f'"{c.plugin}:{name}"' for c in owners)
         return f"{kind} {name!r} is registered by more than one plugin: {labels}; write {choices} to choose"
 
+    def default_components(self, kind: str) -> list[Component]:
+        """The components of ``kind`` registered ``on_by_default`` that a bare name gives (a
+        third-party plugin shadowing a built-in default is not on by default), in loading order."""
+        return [
+            component
+            for name, component in self.components[kind].items()
+            if component.facts.get("on_by_default") and (kind, name) not in self.duplicates
+        ]
+
     def lookup(self, kind: str, name: str) -> Component:
         """The component ``name`` of ``kind``; raises ComponentLookupError with advice.
 
@@ -293,6 +302,12 @@ def _register_into(found: list[Component], kind: str, plugin_name: str) -> hooks
             raise TypeError(f"{kind} {name!r}: options must be a subclass of runjob.{base.__name__}")
         stated = checked_facts(BY_NAME[kind], name, facts)
         chosen = options or (NoOptions if base is Options else base)
+        if stated.get("on_by_default"):
+            required = [key for key, field in chosen.model_fields.items() if field.is_required()]
+            if required:
+                raise TypeError(
+                    f"{kind} {name!r} is on by default, so every option needs a default; {', '.join(required)} has none"
+                )
         found.append(Component(kind, name, factory, chosen, plugin_name, description, stated))
 
     return register

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,8 @@ class RunContext:
     """The run's record (the host's): metrics, tags and artifacts go through it into the output
     folder and MLflow."""
     stop_request: Any = field(default=None, repr=False)
+    joining: dict[str, float] | None = field(default=None, repr=False)
+    """While the loop logs (``on_log``), the metrics being logged: what callbacks log then joins them."""
 
     def log(self, metrics: dict[str, float]) -> None:
         """Record ``metrics`` at the current step, by the path runjob's own metrics take: into the
@@ -47,8 +50,18 @@ class RunContext:
         on the main one. Declare the names in the callback's options (``metrics()``)."""
         values = {str(name): float(value) for name, value in metrics.items()}
         self.logged.update(values)
-        if self.recorder is not None:
+        if self.joining is not None:  # inside on_log: one record line with runjob's own metrics
+            self.joining.update(values)
+        elif self.recorder is not None:
             self.recorder.log_training_metrics(values, self.step)
+
+    def save_model(self, folder: str | Path) -> Path:
+        """Write the model's weights to ``folder/model.safetensors`` (gathered from every process
+        when the strategy shards them), as the run's final ``model.safetensors`` is written. Call it
+        on every process; returns the file."""
+        folder = Path(folder)
+        save_weights(self.accelerator, self.model, folder)
+        return folder / "model.safetensors"
 
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
         """Record the file or folder ``path``, which must be inside :attr:`output_dir`, as an artifact
@@ -72,3 +85,20 @@ class RunContext:
         ``runjob.stopped``. A request from any process stops every process."""
         if self.stop_request is not None and not self.stop_request.reason:
             self.stop_request.reason = reason or "stopped by a callback"
+
+
+def save_weights(accelerator: Any, model: Any, folder: Path) -> None:
+    """``model.safetensors`` of the plain model (gathered from every rank when sharded; without a
+    ``torch.compile`` wrapper, whose weight names would start ``_orig_mod.``). Tied weights (a
+    language model's input and output embedding) are stored once, as safetensors requires; the
+    model's constructor ties them again on loading, so Accelerate's note about it is not shown."""
+
+    def not_the_tie_note(record: logging.LogRecord) -> bool:
+        return "Removed shared tensor" not in record.getMessage()
+
+    logger = logging.getLogger("accelerate.utils.other")
+    logger.addFilter(not_the_tie_note)
+    try:
+        accelerator.save_model(getattr(model, "_orig_mod", model), folder, safe_serialization=True)
+    finally:
+        logger.removeFilter(not_the_tie_note)

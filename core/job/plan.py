@@ -13,7 +13,7 @@ def gpu_driver_present() -> bool:
 
 
 def plan_lines(job: Any, has_gpu: bool | None = None) -> list[str]:
-    """Human-readable lines: processes, batches, precision, strategy, length, and warnings."""
+    """Human-readable lines: processes, batches, precision, strategy, length, callbacks, and warnings."""
     has_gpu = gpu_driver_present() if has_gpu is None else has_gpu
     launch, train = job.launch, job.train
     processes = launch.num_processes
@@ -31,6 +31,11 @@ def plan_lines(job: Any, has_gpu: bool | None = None) -> list[str]:
         f"strategy: {job.strategy.name}" + (f" ({strategy_options})" if strategy_options else ""),
         f"length: {length}",
     ]
+    callbacks = getattr(job, "callbacks", {})
+    if callbacks:
+        on = [name for name, chosen in callbacks.items() if chosen.options.enabled]
+        off = [name for name, chosen in callbacks.items() if not chosen.options.enabled]
+        lines.append(f"callbacks: {', '.join(on) or 'none'}" + (f" (switched off: {', '.join(off)})" if off else ""))
     return lines + [f"warning: {w}" for w in plan_warnings(job, has_gpu)]
 
 

@@ -73,12 +73,17 @@ class ResolvedJob:
     strategy: Chosen
     task: Chosen
     callbacks: dict[str, Chosen] = field(default_factory=dict)
-    """The ``[callbacks.NAME]`` tables, in the job file's order, by NAME as written."""
+    """The callbacks on by default, then the job's ``[callbacks.NAME]`` tables in the job file's
+    order, by NAME as written; switched-off ones included (see :meth:`enabled_callbacks`)."""
     metrics: dict[str, str] = field(default_factory=dict)
     """Every metric the run can report (the task's for each split, the callbacks', ``train/loss``),
     with the direction that is better, ``"max"`` or ``"min"``."""
     sweep: SweepTable | None = None
     """The ``[sweep]`` table, for ``runjob sweep``; not part of the job itself (nor of ``to_dict``)."""
+
+    def enabled_callbacks(self) -> dict[str, Chosen]:
+        """The callbacks that run (``enabled`` not switched off), in the order they are called."""
+        return {name: chosen for name, chosen in self.callbacks.items() if chosen.options.enabled}  # type: ignore[attr-defined]
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved job as job-file tables; reading it back gives the same job."""
@@ -285,7 +290,7 @@ def _sweep_metric(
     metric = sweep.metric or next(iter(metrics))
     if metric not in metrics:
         origin = raw.origin(f"{SWEEP_TABLE}.metric")
-        message = _not_declared(metric, f"task {task!r}", list(metrics))
+        message = _not_declared(metric, f"task {task!r} or the callbacks", list(metrics))
         problems.append(Problem(origin.file, f"{SWEEP_TABLE}.metric", message, origin.line))
         return sweep
     declared = "maximize" if metrics[metric] == "max" else "minimize"
@@ -301,15 +306,17 @@ def _sweep_metric(
 
 
 def _choose_callbacks(raw: RawJob, host: PluginHost, problems: list[Problem]) -> dict[str, Chosen]:
-    """The ``[callbacks.NAME]`` tables: each NAME a registered callback, its keys that callback's options."""
+    """The callbacks of the job: first those registered ``on_by_default`` (with the options of
+    their table when the job has one), then the job's ``[callbacks.NAME]`` tables in order; each
+    NAME a registered callback, its keys that callback's options. Switched-off ones (``enabled =
+    false``) are kept, so the resolved job written out and read back stays off."""
     value = raw.data.get("callbacks", {})
     if not isinstance(value, dict):
         origin = raw.origin("callbacks")
         message = f"must be tables [callbacks.NAME], got {value!r}"
         problems.append(Problem(origin.file, "callbacks", message, origin.line))
         return {}
-    chosen: dict[str, Chosen] = {}
-    owner: str | None = None
+    listed: dict[str, tuple[Component, Options]] = {}
     for name, options in value.items():
         where = f"callbacks.{name}"
         origin = raw.origin(where)
@@ -323,18 +330,29 @@ def _choose_callbacks(raw: RawJob, host: PluginHost, problems: list[Problem]) ->
             problems.append(Problem(origin.file, where, str(error), origin.line))
             continue
         checked = _check(component.options, options, where, raw, problems)
-        if checked is None:
+        if checked is not None:
+            listed[name] = (component, checked)
+    chosen: dict[str, Chosen] = {}
+    for component in host.default_components("callback"):
+        same = (component.plugin, component.name)
+        written = next((name for name, (c, _) in listed.items() if (c.plugin, c.name.rpartition(":")[2]) == same), "")
+        written = written or component.name
+        picked = listed.pop(written, None)
+        chosen[written] = Chosen(component, picked[1] if picked else component.options())
+    chosen.update({name: Chosen(component, options) for name, (component, options) in listed.items()})
+    owner: str | None = None
+    for name, callback in chosen.items():
+        if not (getattr(callback.options, "owns_model", False) and callback.options.enabled):  # type: ignore[attr-defined]
             continue
-        if getattr(checked, "owns_model", False):
-            if owner is not None:
-                message = (
-                    f"callbacks {owner!r} and {name!r} both replace the weights that are evaluated and saved; "
-                    "switch on one of them"
-                )
-                problems.append(Problem(origin.file, where, message, origin.line))
-                continue
-            owner = name
-        chosen[name] = Chosen(component, checked)
+        if owner is not None:
+            where = f"callbacks.{name}"
+            origin = raw.origin(where)
+            message = (
+                f"callbacks {owner!r} and {name!r} both replace the weights that are evaluated and saved; "
+                "switch on one of them"
+            )
+            problems.append(Problem(origin.file, where, message, origin.line))
+        owner = owner or name
     return chosen
 
 
@@ -342,6 +360,7 @@ def _callback_metrics(
     callbacks: dict[str, Chosen], declared: dict[str, str], raw: RawJob, problems: list[Problem]
 ) -> dict[str, str]:
     """What the callbacks log, added to ``declared``; then every metric a callback reads checked."""
+    callbacks = {name: chosen for name, chosen in callbacks.items() if chosen.options.enabled}  # type: ignore[attr-defined]
     logged: dict[str, str] = {}
     for chosen in callbacks.values():
         logged.update(chosen.options.metrics())  # type: ignore[attr-defined]

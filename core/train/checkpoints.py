@@ -146,31 +146,6 @@ MUST_MATCH = (
 LOADER_KEYS = ("dataset.num_workers", "dataset.pin_memory", "dataset.persistent_workers", "dataset.prefetch_factor")
 
 
-def without_compile(model: Any) -> Any:
-    """The prepared model without its ``torch.compile`` wrapper (still DDP/FSDP-wrapped), so that
-    ``accelerator.save_model`` writes the plain model's weight names, not ``_orig_mod.*``."""
-    from accelerate.utils import is_compiled_module
-
-    return model._orig_mod if is_compiled_module(model) else model
-
-
-def save_weights(accelerator: Any, model: Any, folder: Path) -> None:
-    """``model.safetensors`` of the plain model (gathered from every rank when sharded). Tied weights
-    (a language model's input and output embedding) are stored once, as safetensors requires; the
-    model's constructor ties them again on loading, so Accelerate's note about it is not shown."""
-    import logging
-
-    def not_the_tie_note(record: logging.LogRecord) -> bool:
-        return "Removed shared tensor" not in record.getMessage()
-
-    logger = logging.getLogger("accelerate.utils.other")
-    logger.addFilter(not_the_tie_note)
-    try:
-        accelerator.save_model(without_compile(model), folder, safe_serialization=True)
-    finally:
-        logger.removeFilter(not_the_tie_note)
-
-
 def _shown(values: dict[str, Any], key: str) -> str:
     return value_text(values[key]) if key in values else "(unset)"
 
@@ -189,46 +164,3 @@ def compare_jobs(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[s
         blocking = any(key == m or key.startswith(m + ".") for m in MUST_MATCH) and key not in LOADER_KEYS
         (refused if blocking else allowed).append(line)
     return refused, allowed
-
-
-class BestWeights:
-    """Keeps ``OUTPUT_DIR/best/model.safetensors``: the weights at the evaluation with the best
-    ``train.best_metric`` so far (higher or lower, as the task declares), with ``best/best.json``
-    (metric, value, step). A resumed run continues from the best recorded in the folder."""
-
-    def __init__(self, output_dir: Path, metric: str, higher_is_better: bool) -> None:
-        self.folder = output_dir / "best"
-        self.metric = metric
-        self.higher_is_better = higher_is_better
-        self.value: float | None = None
-        self.step: int | None = None
-        saved = self.folder / "best.json"
-        if saved.is_file():
-            state = json.loads(saved.read_text(encoding="utf-8"))
-            if state.get("metric") == metric:
-                self.value, self.step = state["value"], state["step"]
-
-    def offer(self, run: Any, metrics: dict[str, float], step: int) -> bool:
-        """Save the model (on every rank: sharded models gather) when ``metrics`` beat the best."""
-        value = metrics.get(self.metric)
-        if value is None or value != value:  # missing or NaN
-            return False
-        if self.value is not None and (value <= self.value if self.higher_is_better else value >= self.value):
-            return False
-        accelerator = run.accelerator
-        accelerator.wait_for_everyone()
-        save_weights(accelerator, run.model, self.folder)
-        self.value, self.step = value, step
-        if accelerator.is_main_process:
-            state = {"metric": self.metric, "value": value, "step": step}
-            (self.folder / "best.json").write_text(json.dumps(state) + "\n", encoding="utf-8")
-        return True
-
-    def tags(self) -> dict[str, str]:
-        if self.value is None:
-            return {}
-        return {
-            "runjob.best.metric": self.metric,
-            "runjob.best.value": f"{self.value:.6g}",
-            "runjob.best.step": str(self.step),
-        }

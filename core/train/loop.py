@@ -15,8 +15,9 @@ from typing import Any
 
 from runjob.errors import Terminated, TrainingError, first_line
 from runjob.errors import describe as describe_error
+from runjob.host.callback import Callback
 from runjob.host.run_context import RunContext
-from runjob.train.checkpoints import Position
+from runjob.train.checkpoints import Position, save_checkpoint
 
 
 @dataclass
@@ -230,16 +231,28 @@ class StoppedEarly(Exception):  # noqa: N818 - a control-flow signal inside the 
 
 class Callbacks:
     """The job's callbacks, called in order for each event; one that raises ends the run with an
-    error naming it (the checkpoints written so far are kept)."""
+    error naming it (the checkpoints written so far are kept). Only the callbacks that override an
+    event are called for it, so an event nobody listens to (``on_batch``) costs a lookup."""
 
     def __init__(self, run: RunContext) -> None:
         self.run = run
         self.items = list(run.callbacks.items())
+        self.listeners: dict[str, list[tuple[str, Any]]] = {}
+
+    def _listening(self, event: str) -> list[tuple[str, Any]]:
+        found = self.listeners.get(event)
+        if found is None:
+            base = getattr(Callback, event)
+            found = [
+                (name, getattr(item, event)) for name, item in self.items if getattr(type(item), event) is not base
+            ]
+            self.listeners[event] = found
+        return found
 
     def __call__(self, event: str, *args: Any) -> None:
-        for name, callback in self.items:
+        for name, method in self._listening(event):
             try:
-                getattr(callback, event)(self.run, *args)
+                method(self.run, *args)
             except (Terminated, KeyboardInterrupt, TrainingError):
                 raise
             except Exception as error:  # noqa: BLE001 - a callback's failure is said in one line
@@ -249,38 +262,28 @@ class Callbacks:
 
 
 class TrainingLoop:
-    """Runs the schedule from ``start``, logging through ``record(metrics, step)``, calling the
-    event hooks, writing checkpoints through ``checkpoint(position)`` and honouring ``stop``.
-    ``run.task`` turns each batch into a loss and each evaluation into metrics.
-    ``on_evaluation(metrics, step)`` runs on every process after each evaluation. With
-    ``count_flops(first_batch) -> FLOPs per unit`` (the task's unit: samples, tokens) the loop
-    reports model TFLOP/s, and with ``peak_flops`` (per process) MFU."""
+    """Runs the schedule from ``start``: ``run.task`` turns each batch into a loss and each
+    evaluation into metrics; metrics go into ``run.recorder``; every event goes to the run's
+    callbacks (``run.callbacks``: runjob's own features, best weights, throughput and peak memory,
+    are callbacks too) and to the plugins' global event ``hooks``; checkpoints are written every
+    ``train.checkpoint_every`` steps and at each epoch's end, and ``stop`` is honoured where the
+    processes agree."""
 
     def __init__(
         self,
         run: RunContext,
         hooks: Any,
-        record: Any,
         schedule: Schedule,
         start: Position | None = None,
-        checkpoint: Any = None,
         stop: StopRequest | None = None,
-        on_evaluation: Any = None,
-        count_flops: Any = None,
-        peak_flops: float | None = None,
     ) -> None:
         self.run = run
         self.hooks = hooks
-        self.record = record
         self.schedule = schedule
         self.start = start or Position()
         self.step = self.start.step
-        self.checkpoint = checkpoint or (lambda position: None)
         self.stop = stop or StopRequest()
-        self.on_evaluation = on_evaluation or (lambda metrics, step: None)
-        self.count_flops = count_flops
-        self.flops_per_unit: float | None = None
-        self.peak_flops = peak_flops
+        self.saved_with = {"mlflow_run_id": run.mlflow_run_id, "job": run.job.to_dict()}  # in every checkpoint
         self.nonfinite = NonFiniteGuard(run.job.train.on_nonfinite, run.accelerator.device)
         self.last_metrics: dict[str, float] = {}
         self.batches_done = 0
@@ -290,6 +293,13 @@ class TrainingLoop:
         self.stopped = ""  # why a callback stopped training early, when one did
         run.stop_request = self.stop
         run.step, run.epoch = self.step, self.epoch
+
+    def record(self, metrics: dict[str, float], step: int) -> None:
+        if self.run.recorder is not None:
+            self.run.recorder.log_training_metrics(metrics, step)
+
+    def checkpoint(self, position: Position) -> None:
+        save_checkpoint(self.run, position, self.run.job.train.keep_checkpoints, self.saved_with)
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""
@@ -333,10 +343,12 @@ class TrainingLoop:
             started = time.perf_counter()
             skip = self.start.batches_done if epoch == self.start.epoch else 0
             self.epoch = self.run.epoch = epoch
+            self.callbacks("on_epoch_start", self.step, epoch)
             train_metrics = self._train_epoch(epoch, skip)
             self.last_metrics.update(train_metrics)
             if self.evaluated_at != self.step:
                 self._evaluate(epoch)
+            self.callbacks("on_epoch_end", self.step, epoch)
             self._summary(epoch, time.perf_counter() - started)
             # train.max_steps may end the run inside an epoch: a resume with more steps goes on from there
             whole = self.batches_done >= len(self.run.train_loader)
@@ -350,7 +362,6 @@ class TrainingLoop:
         self.evaluated_at = self.step
         self.record(metrics, self.step)
         self.callbacks("on_evaluation", self.step, epoch, metrics)
-        self.on_evaluation({**self.run.logged, **metrics}, self.step)  # a callback's logged metric may pick the best
         self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=metrics)
         self.callbacks("on_evaluation_end", self.step, epoch)
         self.last_metrics.update(metrics)
@@ -394,17 +405,15 @@ class TrainingLoop:
             mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
         )
         loss_sum = torch.zeros((), device=accelerator.device)
-        micro_batches = units = 0
+        micro_batches = 0
         batches_done = skip
-        window_start = time.perf_counter()
         metrics: dict[str, float] = {}
         try:
             for batch in batches:
                 if train.channels_last:
                     batch = channels_last(batch)
+                self.callbacks("on_batch", self.step, epoch, batch)
                 with accelerator.accumulate(model):
-                    if self.count_flops is not None:
-                        self.flops_per_unit, self.count_flops = self.count_flops(batch), None
                     if self.step == 0 and batches_done == 0 and epoch == 0:
                         loss = first_loss(run, batch)
                     else:
@@ -426,7 +435,6 @@ class TrainingLoop:
                 loss_sum += loss.detach()
                 micro_batches += 1
                 batches_done += 1
-                units += task.count(batch)
                 progress.update(1)
                 if not accelerator.sync_gradients:
                     continue
@@ -439,15 +447,13 @@ class TrainingLoop:
                 here = Position(self.step, epoch, batches_done)
                 logged = self.step % train.log_every == 0
                 if logged:
-                    metrics = self._log(loss_sum, micro_batches, units, window_start)
+                    metrics = self._log(loss_sum, micro_batches)
                     progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", refresh=False)
                     loss_sum.zero_()
-                    micro_batches = units = 0
-                    window_start = time.perf_counter()
+                    micro_batches = 0
                 if train.eval_every and self.step % train.eval_every == 0:
                     self._evaluate_within_epoch(epoch, progress)
                     self._stop_if_asked(here)  # evaluation synchronized the processes anyway
-                    window_start = time.perf_counter()  # the throughput window leaves evaluation out
                 if logged or accelerator.num_processes == 1:  # agreeing costs a sync: only where one happens anyway
                     self._stop_if_asked(here)
                 if (
@@ -459,7 +465,7 @@ class TrainingLoop:
                 if train.max_steps is not None and self.step >= train.max_steps:
                     break
             if micro_batches:
-                metrics = self._log(loss_sum, micro_batches, units, window_start)
+                metrics = self._log(loss_sum, micro_batches)
         finally:
             progress.close()
             self.batches_done = batches_done
@@ -472,43 +478,28 @@ class TrainingLoop:
             shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
             progress.write(f"step {self.step}/{self.schedule.total_steps}  {shown}")
 
-    def _log(self, loss_sum: Any, micro_batches: int, units: int, window_start: float) -> dict[str, float]:
-        accelerator = self.run.accelerator
-        self.nonfinite.stop_if_seen(accelerator, self.run)
-        mean_loss = accelerator.reduce(loss_sum / micro_batches, reduction="mean").item()
-        elapsed = max(time.perf_counter() - window_start, 1e-9)
-        rate = f"train/{self.run.task.unit}_per_s"
+    def _log(self, loss_sum: Any, micro_batches: int) -> dict[str, float]:
+        """Log the mean loss since the last log and the learning rate, with what the callbacks add
+        in ``on_log`` (throughput, peak memory, ...), as one record line."""
+        run, accelerator = self.run, self.run.accelerator
+        self.nonfinite.stop_if_seen(accelerator, run)
         metrics = {
-            "train/loss": mean_loss,
-            "lr": float(self.run.optimizer.param_groups[0]["lr"]),
-            rate: units * accelerator.num_processes / elapsed,
+            "train/loss": accelerator.reduce(loss_sum / micro_batches, reduction="mean").item(),
+            "lr": float(run.optimizer.param_groups[0]["lr"]),
         }
-        if self.flops_per_unit:
-            achieved = metrics[rate] * self.flops_per_unit
-            metrics["train/tflops"] = achieved / 1e12
-            if self.peak_flops:
-                metrics["train/mfu"] = achieved / (self.peak_flops * accelerator.num_processes)
-        if self.run.job.train.on_nonfinite == "skip":
+        if run.job.train.on_nonfinite == "skip":
             metrics["train/nonfinite_skipped"] = float(self.nonfinite.skipped)
-        metrics.update(_peak_memory(accelerator.device))
+        run.joining = metrics
+        try:
+            self.callbacks("on_log", self.step, self.epoch, metrics)
+        finally:
+            run.joining = None
         self.record(metrics, self.step)
         if accelerator.is_main_process:
-            self.hooks.runjob_after_log(run=self.run, step=self.step, metrics=metrics)
-        self.callbacks("on_log", self.step, self.epoch, metrics)
+            self.hooks.runjob_after_log(run=run, step=self.step, metrics=metrics)
         return metrics
 
     def _summary(self, epoch: int, seconds: float) -> None:
         shown = "  ".join(f"{k} {v:.4g}" for k, v in self.last_metrics.items() if k != "lr")
         if self.run.accelerator.is_main_process:
             print(f"epoch {epoch + 1}/{self.schedule.epochs}  step {self.step}  {shown}  ({seconds:.1f} s)")
-
-
-def _peak_memory(device: Any) -> dict[str, float]:
-    """Peak memory so far: the device's allocations on CUDA, else this process's resident set."""
-    if device.type == "cuda":
-        import torch
-
-        return {"train/peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
-    import resource
-
-    return {"train/peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # KiB on Linux

@@ -17,7 +17,7 @@ import tomli_w
 from runjob.errors import RunjobError, Terminated, TrainingError, describe
 from runjob.host.callback import Callback
 from runjob.host.plugin_host import PluginHost
-from runjob.host.run_context import RunContext
+from runjob.host.run_context import RunContext, save_weights
 from runjob.host.task import Task, declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
 from runjob.job.validation import ResolvedJob
@@ -26,18 +26,8 @@ from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.system_metrics import SystemMetricsSampler
 from runjob.record.tracking import HTTP_DEFAULTS, Recorder, default_experiment, flatten
 from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
-from runjob.train.checkpoints import (
-    BestWeights,
-    Position,
-    compare_jobs,
-    find_checkpoint,
-    load_checkpoint,
-    read_state,
-    save_checkpoint,
-    save_weights,
-)
+from runjob.train.checkpoints import Position, compare_jobs, find_checkpoint, load_checkpoint, read_state
 from runjob.train.entry import RunOutcome
-from runjob.train.flops import meta_model, peak_flops, training_flops_per_unit
 from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
 
 
@@ -88,9 +78,6 @@ def _build(job: ResolvedJob, accelerator: Any):
         import torch
 
         model = model.to(memory_format=torch.channels_last)
-    shapes_only = meta_model(
-        lambda: job.model.component.factory(job.model.options)
-    )  # FLOPs, counted at the first batch
     optimizer = job.optimizer.component.factory(model.parameters(), job.optimizer.options)
     train_loader, val_loader, test_loader = make_loaders(splits, job, accelerator)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
@@ -100,7 +87,7 @@ def _build(job: ResolvedJob, accelerator: Any):
     # Not passed through prepare: Accelerate would step it once per process per optimizer step.
     scheduler = job.scheduler.component.factory(optimizer, job.scheduler.options, schedule.total_steps)
     loaders = (train_loader, val_loader, test_loader)
-    return splits, task, model, optimizer, scheduler, loaders, schedule, shapes_only
+    return splits, task, model, optimizer, scheduler, loaders, schedule
 
 
 def run_job(
@@ -182,7 +169,7 @@ def _train(
     run: RunContext | None = None
     status, error = "FINISHED", None
     try:
-        splits, task, model, optimizer, scheduler, loaders, schedule, shapes_only = _build(job, accelerator)
+        splits, task, model, optimizer, scheduler, loaders, schedule = _build(job, accelerator)
         recorder.log_input(dataset_lineage(job, splits), "training")
         _record_baselines(recorder, accelerator, splits.baselines)
         train_loader, val_loader, test_loader = loaders
@@ -190,36 +177,8 @@ def _train(
         run.task, run.test_loader, run.recorder = task, test_loader, recorder
         run.callbacks = _make_callbacks(job)
         start = load_checkpoint(run, checkpoint) if checkpoint is not None else Position()
-        record = {"mlflow_run_id": run_id, "job": job.to_dict()}
-        metric = job.train.best_metric
-        best = BestWeights(output_dir, metric, job.metrics[metric] == "max")
-
-        def save(position: Position) -> None:
-            save_checkpoint(run, position, job.train.keep_checkpoints, record)
-
-        def on_evaluation(metrics: dict[str, float], step: int) -> None:
-            if best.offer(run, metrics, step):
-                recorder.set_tags(best.tags())
-
-        def count_flops(batch: Any) -> float | None:
-            flops = training_flops_per_unit(shapes_only, task, batch)
-            if flops:
-                recorder.set_tags({f"runjob.flops_per_{task.unit.removesuffix('s')}": f"{flops:.6g}"})
-            return flops
-
         host.hook.runjob_run_start(run=run)
-        loop = TrainingLoop(
-            run,
-            host.hook,
-            recorder.log_training_metrics,
-            schedule,
-            start,
-            save,
-            stop,
-            on_evaluation=on_evaluation,
-            count_flops=count_flops,
-            peak_flops=peak_flops(accelerator.device, job.train.mixed_precision, job.train.peak_tflops),
-        )
+        loop = TrainingLoop(run, host.hook, schedule, start, stop)
         loop.callbacks("on_run_start")
         loop.fit()
         if loop.stopped:
@@ -227,7 +186,7 @@ def _train(
         accelerator.wait_for_everyone()
         save_weights(accelerator, model, output_dir)
         if accelerator.is_main_process:
-            _record_outputs(recorder, job, output_dir, best, splits, task)
+            _record_outputs(recorder, job, output_dir, splits, task)
     except (KeyboardInterrupt, Terminated) as interrupt:
         status, error = "KILLED", interrupt
         raise
@@ -286,9 +245,9 @@ def _start_record(
 
 
 def _make_callbacks(job: ResolvedJob) -> dict[str, Callback]:
-    """The job's ``[callbacks.NAME]``, built from their options, in the job file's order."""
+    """The job's callbacks that are switched on, built from their options, in the order they are called."""
     callbacks = {}
-    for name, chosen in job.callbacks.items():
+    for name, chosen in job.enabled_callbacks().items():
         callback = chosen.component.factory(chosen.options)
         if not isinstance(callback, Callback):
             raise TrainingError(
@@ -308,14 +267,9 @@ def _record_baselines(recorder: Recorder, accelerator: Any, baselines: dict[str,
         print("runjob: the data's baselines: " + "  ".join(f"{k} {v:.4g}" for k, v in baselines.items()))
 
 
-def _record_outputs(
-    recorder: Recorder, job: ResolvedJob, output_dir: Path, best: BestWeights, splits: Any, task: Task
-) -> None:
-    """Log the final weights, the best weights and the final model as an MLflow model."""
+def _record_outputs(recorder: Recorder, job: ResolvedJob, output_dir: Path, splits: Any, task: Task) -> None:
+    """Log the final weights and the final model as an MLflow model (``best/`` is ``best_weights``'s)."""
     recorder.log_artifact(output_dir / "model.safetensors")
-    if best.value is not None:
-        recorder.log_artifact(output_dir / "best" / "model.safetensors", "best")
-        recorder.log_artifact(output_dir / "best" / "best.json", "best")
     if job.tracking.log_model != "none":
         from runjob.record.model_logging import save_mlflow_model
         from runjob.train.data_loading import example_batch
