@@ -60,6 +60,7 @@ class RunContext:
         when the strategy shards them), as the run's final ``model.safetensors`` is written. Call it
         on every process; returns the file."""
         folder = Path(folder)
+        self.accelerator.wait_for_everyone()
         save_weights(self.accelerator, self.model, folder)
         return folder / "model.safetensors"
 
