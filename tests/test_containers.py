@@ -508,7 +508,15 @@ def test_sbatch_renders_one_torchrun_per_node_with_the_slurm_rendezvous(fake_slu
     assert host == "node1" and 1024 < int(port) < 32768
     assert args.rdzv_backend == "c10d" and args.rdzv_id == "4242"
     assert args.module and args.training_script == "runjob"
-    assert args.training_script_args == ["jobs/digits.toml", "--set", "train.epochs=1"]
+    assert args.training_script_args == [
+        "jobs/digits.toml",
+        "--output-dir",
+        "runs/slurm-4242",
+        "--resume",
+        "auto",
+        "--set",
+        "train.epochs=1",
+    ], "a requeued job (same id) finds its folder and continues from its checkpoint"
 
 
 def test_sbatch_defaults_to_the_headline_job_and_honours_port_and_gpu_settings(fake_slurm):
@@ -516,7 +524,7 @@ def test_sbatch_defaults_to_the_headline_job_and_honours_port_and_gpu_settings(f
     assert proc.returncode == 0, proc.stderr
     args = parse_torchrun(launch_words(proc.stdout)[1])
     assert args.rdzv_endpoint == "node1:29999" and args.nproc_per_node == "4"
-    assert args.training_script_args == ["jobs/resnet_cifar.toml"]
+    assert args.training_script_args[0] == "jobs/resnet_cifar.toml"
 
 
 def test_sbatch_dry_run_prints_the_same_command_and_starts_nothing(fake_slurm):
@@ -638,3 +646,12 @@ def test_pytorchjob_command_is_torchrun_of_runjob_with_the_operator_environment(
         assert args.master_addr == operator_env["MASTER_ADDR"] and args.master_port == port and args.node_rank == rank
         assert args.module and args.training_script == "runjob"
         assert (REPO / args.training_script_args[0]).is_file(), args.training_script_args
+        # a restarted pod continues in the same folder, on a volume every pod shares and that outlives them
+        assert "--resume=auto" in args.training_script_args
+        (folder,) = [w for w in words if str(w).startswith("--output-dir=")]
+        assert folder == "--output-dir=runs/$(PYTORCHJOB_NAME)"
+        (named,) = [e for e in container["env"] if e["name"] == "PYTORCHJOB_NAME"]
+        assert named["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['training.kubeflow.org/job-name']"
+        volumes = {v["name"]: v for v in replica["template"]["spec"]["volumes"]}
+        (runs,) = [m["name"] for m in container["volumeMounts"] if m["mountPath"] == "/workspace/runs"]
+        assert volumes[runs]["persistentVolumeClaim"]["claimName"] == "runjob-runs"

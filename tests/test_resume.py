@@ -6,6 +6,8 @@ the checkpoint and the resume, which do not depend on the model."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 KILLER_PLUGIN = """
@@ -85,27 +87,40 @@ def test_sigkill_then_resume_gives_bit_identical_weights(killer):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
-def test_sigterm_checkpoints_ends_killed_and_resumes_the_same_run(killer):
+def test_the_same_command_resubmitted_after_kills_and_sigterm_continues_the_same_run(killer):
+    """``--resume auto``, as a Slurm or Kubernetes restart would resubmit it: killed before its
+    first checkpoint, the command starts afresh (the attempt kept aside); stopped by SIGTERM, it
+    checkpoints; resubmitted again, it continues that run."""
     out = killer.path / "out"
-    stopped = killer.cli_subprocess(
-        "job.toml", "--output-dir", "out", env={"KILL_AT_STEP": "7", "KILL_SIGNAL": "SIGTERM"}, timeout=RUN_TIMEOUT
-    )
+    command = ("job.toml", "--output-dir", "out", "--resume", "auto")
+    early = killer.cli_subprocess(*command, env={"KILL_AT_STEP": "2", "KILL_SIGNAL": "SIGKILL"}, timeout=RUN_TIMEOUT)
+    assert early.returncode == -9 and not (out / "checkpoints").exists()
+    abandoned = killer.record("out").run_id
+
+    stopped = killer.cli_subprocess(*command, env={"KILL_AT_STEP": "7", "KILL_SIGNAL": "SIGTERM"}, timeout=RUN_TIMEOUT)
     assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert (
+        f"runjob: --resume auto: no complete checkpoint in out; the earlier attempt (MLflow run {abandoned}, now "
+        f"marked KILLED) is kept in {Path('out', 'attempts', '1')}; starting afresh"
+    ) in stopped.stdout
     assert "runjob: stopped by signal 15" in stopped.stderr
     assert (out / "checkpoints" / "step-00000007").is_dir()  # the current step, not the last periodic one
     run = killer.record("out")
     run_id = run.run_id
-    assert run.status == "KILLED"
+    assert run.status == "KILLED" and run_id != abandoned
+    first = killer.record(out / "attempts" / "1")
+    assert first.run_id == abandoned and first.status == "KILLED" and "runjob.abandoned" in first.tags
 
-    # a new process continues it (in this one: the process that was stopped is gone either way)
-    resumed = killer.cli("job.toml", "--output-dir", "out", "--resume", "--set", "train.log_every=5")
+    # the same command again, in a new process (this one: the process that was stopped is gone either way)
+    resumed = killer.cli(*command, "--set", "train.log_every=5")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming step-00000007" in resumed.stdout
     assert (out / "model.safetensors").read_bytes() == uninterrupted_weights(killer)
     run = killer.record("out")
     steps = run.mlflow.steps("train/loss")
     assert run.run_id == run_id and run.status == "FINISHED"
     assert steps == sorted(set(steps)) and steps[0] == 5 and steps[-1] == 44  # continuing, not restarting
-    assert len(killer.runs("resume")) == 1  # resuming made no new run
+    assert len(killer.runs("resume")) == 2  # the abandoned attempt and the run resuming continued
 
 
 def test_resume_refuses_another_job_and_reports_bad_checkpoints(killer, monkeypatch):

@@ -71,6 +71,10 @@ class TrainTable(Options):
     """Let cuDNN time its convolution algorithms for each input shape and keep the fastest (CUDA only)."""
     stop_signal: Literal["SIGUSR1", "SIGUSR2"] | None = None
     """A signal that, like SIGTERM and SIGINT, stops training after a checkpoint (e.g. Slurm's --signal)."""
+    resume: Literal["auto"] | None = None
+    """``"auto"``: as ``--resume auto``: continue from the newest complete checkpoint in the output
+    folder (``--output-dir``, which must be given) when there is one, else start there afresh; so
+    the same command can be resubmitted after a preemption."""
 
     @model_validator(mode="before")
     @classmethod

@@ -468,28 +468,45 @@ def close_failed_run(output_dir: Path, reason: str) -> None:
     """After a worker failed: note which (``reason``) on the job's run, and mark the run FAILED
     where rank 0 could not end it (it was stopped too). A run rank 0 finished stays FINISHED. The
     local record says the same as MLflow, so ``runjob sync`` agrees with it."""
+    _close_run(output_dir, "FAILED", {"runjob.worker_failure": reason}, {"runjob.error": reason})
+
+
+def close_abandoned_run(output_dir: Path, reason: str) -> str | None:
+    """A run left RUNNING by a process that was killed (SIGKILL) before its first checkpoint, and
+    that nothing can continue: mark it KILLED with ``reason`` as the tag ``runjob.abandoned``, in
+    the local record and in MLflow. Returns its MLflow run id (None when there is no record)."""
+    return _close_run(output_dir, "KILLED", {}, {"runjob.abandoned": reason})
+
+
+def _close_run(output_dir: Path, status: str, tags: dict[str, str], if_open: dict[str, str]) -> str | None:
+    """Set ``tags`` on the run recorded in ``output_dir``; where it is still open (RUNNING, or
+    KILLED for FAILED), also ``if_open`` and ``status``: locally, then in MLflow."""
     record = RunRecord.read(output_dir)
     if record is None:
-        return
-    record.tags["runjob.worker_failure"] = reason
-    if record.status in ("RUNNING", "KILLED"):
-        record.tags["runjob.error"] = reason
-        record.status, record.end_time = "FAILED", now_ms()
+        return None
+    open_states = ("RUNNING", "KILLED") if status == "FAILED" else ("RUNNING",)
+    record.tags.update(tags)
+    if record.status in open_states:
+        record.tags.update(if_open)
+        record.status, record.end_time = status, now_ms()
     record.write(output_dir)
     if record.run_id is None or record.offline:
-        return
+        return record.run_id
     from mlflow import MlflowClient
 
     bound_http_retries()
     try:
         client = MlflowClient(tracking_uri=record.tracking_uri)
-        client.set_tag(record.run_id, "runjob.worker_failure", reason)
-        if client.get_run(record.run_id).info.status in ("RUNNING", "KILLED"):
-            client.set_tag(record.run_id, "runjob.error", reason)
-            client.set_terminated(record.run_id, status="FAILED")
+        for key, value in tags.items():
+            client.set_tag(record.run_id, key, value)
+        if client.get_run(record.run_id).info.status in open_states:
+            for key, value in if_open.items():
+                client.set_tag(record.run_id, key, value)
+            client.set_terminated(record.run_id, status=status)
     except Exception as error:  # noqa: BLE001 - the local record has it; sync sends it later
         print(
-            f"runjob: could not mark MLflow run {record.run_id} FAILED ({describe(error)}); "
+            f"runjob: could not mark MLflow run {record.run_id} {status} ({describe(error)}); "
             f"`runjob sync {output_dir}` sends what the local record says",
             file=sys.stderr,
         )
+    return record.run_id

@@ -110,6 +110,31 @@ def find_checkpoint(output_dir: Path, explicit: Path | None) -> Path:
     return found[-1]
 
 
+AUTO = "auto"
+"""``--resume auto`` / ``train.resume = "auto"``: continue when there is a checkpoint, else start."""
+ATTEMPTS = "attempts"
+AUTO_NEEDS_FOLDER = (
+    "--resume auto (train.resume = 'auto') needs --output-dir DIR: a folder that survives restarts, where the same "
+    "command finds its checkpoints (e.g. runs/$SLURM_JOB_ID)"
+)
+
+
+def set_aside_attempt(output_dir: Path) -> Path:
+    """Move what an attempt that left no complete checkpoint wrote in ``output_dir`` (its job.toml,
+    metrics, record, a half-written checkpoint) into ``OUTPUT_DIR/attempts/N``, so nothing is lost
+    and the folder can hold the fresh start; returns that folder."""
+    attempts = output_dir / ATTEMPTS
+    number = 1
+    while (attempts / str(number)).exists():
+        number += 1
+    kept = attempts / str(number)
+    kept.mkdir(parents=True)
+    for entry in output_dir.iterdir():
+        if entry.name != ATTEMPTS:
+            os.replace(entry, kept / entry.name)
+    return kept
+
+
 def load_checkpoint(run: Any, checkpoint: Path) -> Position:
     """Restore model, optimizer, scheduler, RNG and sampler states; returns where to continue."""
     import torch

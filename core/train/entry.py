@@ -54,20 +54,28 @@ def run(
     no ``tracking.uri`` (default ``$MLFLOW_TRACKING_URI``, else MLflow's default). ``host``: loaded
     plugins to reuse. ``job``: the job already resolved from ``job_file`` and ``overrides``.
     """
+    from runjob.errors import RunjobError
     from runjob.host.plugin_host import load_plugins
     from runjob.job.schema import sweep_note
     from runjob.job.validation import load_resolved
     from runjob.record.local import run_id_in
     from runjob.record.outputs import choose_output_dir
+    from runjob.train.checkpoints import AUTO, AUTO_NEEDS_FOLDER
     from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
 
     job_file = Path(job_file)
     output_dir = Path(output_dir) if output_dir is not None else None
-    resume = Path(resume) if isinstance(resume, str) else resume
+    resume = Path(resume) if isinstance(resume, str) and resume != AUTO else resume
+    if isinstance(resume, Path) and str(resume) == AUTO:  # --resume auto (a folder named so: ./auto)
+        resume = AUTO
     tags = dict(tags or {})
     host = host or load_plugins()
     adopt_slurm_environment()
     job = job or load_resolved(job_file, list(overrides), host)
+    if resume is None and job.train.resume == AUTO:
+        resume = AUTO
+    if resume == AUTO and output_dir is None:
+        raise RunjobError(AUTO_NEEDS_FOLDER)
     launch = job.launch
     if is_worker():
         check_launched_as_asked(launch)
@@ -88,7 +96,7 @@ def run_arguments(
     job_file: Path,
     overrides: Sequence[str] = (),
     output_dir: Path | None = None,
-    resume: Path | bool | None = None,
+    resume: Path | str | bool | None = None,
     tags: Mapping[str, str] | None = None,
     tracking_uri: str | None = None,
 ) -> list[str]:
@@ -98,7 +106,7 @@ def run_arguments(
     if output_dir is not None:
         arguments += ["--output-dir", str(output_dir)]
     if resume:
-        arguments += ["--resume"] + ([str(resume)] if isinstance(resume, Path) else [])
+        arguments += ["--resume"] + ([str(resume)] if isinstance(resume, (Path, str)) else [])
     arguments += [part for override in overrides for part in ("--set", override)]
     arguments += [part for key, value in (tags or {}).items() for part in ("--tag", f"{key}={value}")]
     if tracking_uri:

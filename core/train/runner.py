@@ -26,7 +26,17 @@ from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.system_metrics import SystemMetricsSampler
 from runjob.record.tracking import HTTP_DEFAULTS, Recorder, default_experiment, flatten
 from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
-from runjob.train.checkpoints import Position, compare_jobs, find_checkpoint, load_checkpoint, read_state
+from runjob.train.checkpoints import (
+    AUTO,
+    AUTO_NEEDS_FOLDER,
+    Position,
+    compare_jobs,
+    complete_checkpoints,
+    find_checkpoint,
+    load_checkpoint,
+    read_state,
+    set_aside_attempt,
+)
 from runjob.train.entry import RunOutcome
 from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
 
@@ -130,6 +140,8 @@ def _train(
     accelerator = build_accelerator(job, plan)
     check_setup(accelerator, job, plan)
     checkpoint, saved = None, {}
+    if resume == AUTO:
+        resume = _auto_resume(accelerator, output_dir)
     if resume:
         output_dir, checkpoint, saved, changes = _resume_point(job, output_dir, resume)
     else:
@@ -296,6 +308,28 @@ def _resume_point(
     if refused:
         raise RunjobError(f"--resume {checkpoint}: made by a different job; these values differ: {'; '.join(refused)}")
     return output_dir, checkpoint, saved, allowed
+
+
+def _auto_resume(accelerator: Any, output_dir: Path | None) -> bool:
+    """``--resume auto``: whether ``output_dir`` holds a complete checkpoint to continue from. When
+    it holds none but an earlier attempt's files (killed before its first checkpoint), the main
+    process moves them to ``attempts/N`` and marks that attempt's run KILLED; then all start afresh."""
+    if output_dir is None:
+        raise RunjobError(AUTO_NEEDS_FOLDER)
+    if complete_checkpoints(output_dir):
+        return True
+    if accelerator.is_main_process and (output_dir / "job.toml").exists():
+        from runjob.record.tracking import close_abandoned_run
+
+        kept = set_aside_attempt(output_dir)
+        run_id = close_abandoned_run(kept, "killed before its first checkpoint; the same command started afresh")
+        named = f" (MLflow run {run_id}, now marked KILLED)" if run_id else ""
+        print(
+            f"runjob: --resume auto: no complete checkpoint in {output_dir}; the earlier attempt{named} is kept in "
+            f"{kept}; starting afresh"
+        )
+    accelerator.wait_for_everyone()
+    return False
 
 
 def _listen_for_stop(stop: StopRequest, extra_signal: str | None) -> None:
