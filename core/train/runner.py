@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from runjob.job.validation import ResolvedJob
 from runjob.record.outputs import choose_output_dir
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.system_metrics import SystemMetricsSampler
-from runjob.record.tracking import HTTP_DEFAULTS, Recorder, default_experiment, flatten
+from runjob.record.tracking import HTTP_DEFAULTS, Recorder, default_experiment, flatten, resolve_tracking_uri
 from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
 from runjob.train.checkpoints import (
     AUTO,
@@ -66,9 +68,24 @@ def _tags(
         tags["runjob.gpu"] = torch.cuda.get_device_name(accelerator.device)
     for plugin in host.plugins:
         tags[f"runjob.plugin.{plugin.name}"] = f"{plugin.distribution} {plugin.version}"
+    if job.job.description:
+        tags["mlflow.note.content"] = job.job.description  # MLflow's run description
     tags.update(redact_tables(dict(job.tracking.tags)))
     tags.update(extra)
     return tags
+
+
+def default_run_name(job: ResolvedJob, output_dir: Path) -> str:
+    """``tracking.run_name``, else the job's name and what tells this run from its siblings: the
+    overrides it was given (a sweep trial's values; not ``tracking.*`` or ``launch.*``), else its
+    output folder's name (the time)."""
+    if job.tracking.run_name:
+        return job.tracking.run_name
+    overrides = " ".join(
+        redact_override(o) for o in job.source.overrides if not o.startswith(("tracking.", "launch."))
+    )  # where it is recorded and how it is launched don't tell the training apart
+    name = f"{job.job.name} {overrides or output_dir.name}"
+    return name if len(name) <= 100 else name[:99] + "…"
 
 
 def _build(job: ResolvedJob, accelerator: Any):
@@ -180,6 +197,7 @@ def _train(
 
     run: RunContext | None = None
     status, error = "FINISHED", None
+    began = time.monotonic()
     try:
         splits, task, model, optimizer, scheduler, loaders, schedule = _build(job, accelerator)
         recorder.log_input(dataset_lineage(job, splits), "training")
@@ -199,6 +217,7 @@ def _train(
         save_weights(accelerator, model, output_dir)
         if accelerator.is_main_process:
             _record_outputs(recorder, job, output_dir, splits, task)
+            summary = _summary(job, recorder, output_dir, loop, time.monotonic() - began)
     except (KeyboardInterrupt, Terminated) as interrupt:
         status, error = "KILLED", interrupt
         raise
@@ -209,7 +228,52 @@ def _train(
         if sampler is not None:
             sampler.stop()
         _finish(host, run, recorder, accelerator, status, error)
+    if accelerator.is_main_process:
+        print("\n".join(summary), flush=True)
     return RunOutcome(0, output_dir, run_id)
+
+
+def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: TrainingLoop, seconds: float) -> list[str]:
+    """What the run came to, printed as its last lines: the result, where the models are, the run
+    and how to look at it."""
+    minutes, rest = divmod(round(seconds), 60)
+    took = f"{minutes}m {rest:02d}s" if minutes else f"{rest}s"
+    metric = job.train.best_metric
+    shown = [f"{metric} {loop.last_metrics[metric]:.4g}"] if metric in loop.last_metrics else []
+    shown += [f"{k} {v:.4g}" for k, v in loop.last_metrics.items() if k.startswith("test/")]
+    stopped = f", stopped early: {loop.stopped}" if loop.stopped else ""
+    lines = [f"runjob: finished {job.job.name} in {took} ({loop.step} steps{stopped}): {'  '.join(shown) or 'done'}"]
+    models = [f"final {output_dir / 'model.safetensors'}"]
+    tags = recorder.record.tags
+    if "runjob.best.value" in tags and (output_dir / "best").is_dir():
+        models.append(
+            f"best ({tags['runjob.best.metric']} {float(tags['runjob.best.value']):.4g} at step "
+            f"{tags['runjob.best.step']}) {output_dir / 'best' / 'model.safetensors'}"
+        )
+    lines.append("runjob: models: " + "; ".join(models))
+    if job.tracking.offline or recorder.run_id is None:
+        lines.append(f"runjob: recorded offline in {output_dir}: `runjob sync {output_dir}` uploads it to MLflow")
+        return lines
+    uri = recorder.tracking_uri or ""
+    experiment = recorder.record.experiment
+    look = f"runjob runs --experiment {shlex.quote(experiment)}"
+    if uri.startswith(("http://", "https://")):
+        look += f"; {uri.rstrip('/')}/#/experiments/{_experiment_id(recorder)}/runs/{recorder.run_id}"
+    else:
+        look += f"; mlflow ui --backend-store-uri {uri}"
+    if uri != resolve_tracking_uri(None):
+        look = look.replace("runjob runs ", f"runjob runs --tracking-uri {uri} ", 1)
+    lines.append(f"runjob: MLflow run {recorder.run_id} ({experiment}); look at it: {look}")
+    return lines
+
+
+def _experiment_id(recorder: Recorder) -> str:
+    try:
+        from mlflow import MlflowClient
+
+        return MlflowClient(tracking_uri=recorder.tracking_uri).get_run(recorder.run_id).info.experiment_id
+    except Exception:  # noqa: BLE001 - only the link loses its experiment
+        return "0"
 
 
 def _recording_role(accelerator: Any) -> str:
@@ -233,7 +297,7 @@ def _start_record(
     recorder.start(
         tracking=job.tracking,
         experiment=default_experiment(job.tracking, job.job.name),
-        run_name=job.tracking.run_name or job.job.name,
+        run_name=default_run_name(job, output_dir),
         params=flatten(redact_tables(job.to_dict())),
         tags=_tags(job, host, accelerator, output_dir, tags),
         tracking_uri=job.tracking.uri or tracking_uri,
