@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from runjob.errors import RunjobError
-from runjob.train.checkpoints import Position, compare_jobs, complete_checkpoints, save_checkpoint
+from runjob.train.checkpoints import Position, compare_jobs, complete_checkpoints, save_checkpoint, tidy_finished
 
 
 class OneProcess:
@@ -68,3 +68,34 @@ def test_job_comparison_separates_refused_and_allowed_changes():
     refused, allowed = compare_jobs(saved, now)
     assert refused == ["model.name: resnet18 -> resnet34"]
     assert allowed == ["dataset.num_workers: 0 -> 4", "optimizer.lr: 0.1 -> 0.05"]
+
+
+def finished_run(folder: Path, steps: list[int], weights: bytes) -> Path:
+    """An output folder as a finished run leaves it: checkpoints (each with its weights and its
+    optimizer), the final weights, and best/ holding the same bytes as the final ones."""
+    for step in steps:
+        checkpoint = folder / "checkpoints" / f"step-{step:08d}"
+        checkpoint.mkdir(parents=True)
+        (checkpoint / "runjob_state.json").write_text("{}")
+        (checkpoint / "model.safetensors").write_bytes(weights if step == steps[-1] else b"older" * 1000)
+        (checkpoint / "optimizer.bin").write_bytes(b"o" * 20_000)
+    (folder / "best").mkdir()
+    (folder / "best" / "model.safetensors").write_bytes(weights)
+    (folder / "model.safetensors").write_bytes(weights)
+    return folder
+
+
+def test_a_finished_run_keeps_what_resume_needs_and_its_weights_once(tmp_path):
+    weights = bytes(range(256)) * 400
+    out = finished_run(tmp_path / "out", [40, 80], weights)
+    said = tidy_finished(out, keep=1)
+    assert [p.name for p in complete_checkpoints(out)] == ["step-00000080"], "the newest: --resume can extend the run"
+    final = out / "model.safetensors"
+    for copy in (out / "best" / "model.safetensors", out / "checkpoints" / "step-00000080" / "model.safetensors"):
+        assert copy.read_bytes() == weights and copy.samefile(final), copy
+    assert said.startswith("kept 1 checkpoint(s) of the finished run (train.keep_checkpoints_finished); ")
+    assert tidy_finished(out, keep=1) is None, "nothing more to do: nothing said"
+
+    bare = finished_run(tmp_path / "bare", [40], weights)
+    tidy_finished(bare, keep=0)
+    assert complete_checkpoints(bare) == [] and (bare / "best" / "model.safetensors").read_bytes() == weights

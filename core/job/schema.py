@@ -52,6 +52,9 @@ class TrainTable(Options):
     checkpoint_every: int | None = Field(None, ge=1)
     """Optimizer steps between checkpoints; one is written at every epoch end regardless."""
     keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints_finished: int = Field(1, ge=0)
+    """Checkpoints kept once the run has finished (the newest): 1 lets ``--resume`` extend it with
+    more epochs; 0 keeps none (the final and best weights stay either way)."""
     best_metric: str | None = Field(None, min_length=1)
     """The validation metric that picks the best weights (``best/``), one the job's task declares
     (``val/accuracy``, ``val/loss``, ...), in the direction it declares; by default the task's first."""

@@ -86,8 +86,79 @@ def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, An
 
 
 def _prune(output_dir: Path, keep: int) -> None:
-    for old in complete_checkpoints(output_dir)[:-keep]:
+    found = complete_checkpoints(output_dir)
+    for old in found[: len(found) - keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def tidy_finished(output_dir: Path, keep: int) -> str | None:
+    """Once a run has finished: keep its newest ``keep`` checkpoints (``train.keep_checkpoints_finished``)
+    and store the final weights once (a hard link where the last checkpoint's or ``best/``'s weights
+    are the same bytes as ``model.safetensors``). Returns what it did, for the log, or None."""
+    before = _bytes(output_dir)
+    _prune(output_dir, keep)
+    final = output_dir / "model.safetensors"
+    linked = [copy for copy in _same_weights(output_dir, final) if _link(final, copy)]
+    freed = before - _bytes(output_dir)
+    if not freed:
+        return None
+    kept = len(complete_checkpoints(output_dir))
+    shared = (
+        f"; {', '.join(str(p.relative_to(output_dir)) for p in linked)} = model.safetensors, stored once"
+        if linked
+        else ""
+    )
+    kept_text = f"kept {kept} checkpoint(s) of the finished run (train.keep_checkpoints_finished)"
+    return f"{kept_text}{shared}: {freed / 2**20:.0f} MiB freed"
+
+
+def _same_weights(output_dir: Path, final: Path) -> list[Path]:
+    candidates = [output_dir / "best" / "model.safetensors"]
+    found = complete_checkpoints(output_dir)
+    if found:
+        candidates.append(found[-1] / "model.safetensors")
+    if not final.is_file():
+        return []
+    size, digest = final.stat().st_size, None
+    same = []
+    for path in candidates:
+        if not path.is_file() or path.stat().st_size != size or os.path.samefile(path, final):
+            continue
+        digest = digest or _sha256(final)
+        if _sha256(path) == digest:
+            same.append(path)
+    return same
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def _link(source: Path, target: Path) -> bool:
+    """Replace ``target`` with a hard link to ``source`` (atomically); False where links can't be made."""
+    temporary = target.with_name(f".link-{target.name}")
+    try:
+        os.link(source, temporary)
+        os.replace(temporary, target)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        return False
+    return True
+
+
+def _bytes(folder: Path) -> int:
+    """Bytes the files under ``folder`` take, each hard-linked file counted once."""
+    seen, total = set(), 0
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            stat = path.stat()
+            if (stat.st_dev, stat.st_ino) not in seen:
+                seen.add((stat.st_dev, stat.st_ino))
+                total += stat.st_size
+    return total
 
 
 def read_state(checkpoint: Path) -> dict[str, Any]:

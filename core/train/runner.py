@@ -38,6 +38,7 @@ from runjob.train.checkpoints import (
     load_checkpoint,
     read_state,
     set_aside_attempt,
+    tidy_finished,
 )
 from runjob.train.entry import RunOutcome
 from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
@@ -216,6 +217,9 @@ def _train(
         accelerator.wait_for_everyone()
         save_weights(accelerator, model, output_dir)
         if accelerator.is_main_process:
+            tidied = tidy_finished(output_dir, job.train.keep_checkpoints_finished)
+            if tidied:
+                print(f"runjob: {tidied}")
             _record_outputs(recorder, job, output_dir, splits, task)
             summary = _summary(job, recorder, output_dir, loop, time.monotonic() - began)
     except (KeyboardInterrupt, Terminated) as interrupt:
