@@ -366,6 +366,11 @@ class MlflowRun:
         """The paths of the artifacts in folder ``path`` (the top level by default)."""
         return {a.path for a in self.client.list_artifacts(self.run_id, path)}
 
+    def models(self) -> set[str]:
+        """The names of the run's logged models (MLflow 3's "Logged models": the MLflow model)."""
+        found = self.client.search_logged_models([self.experiment_id], filter_string=f"source_run_id = '{self.run_id}'")
+        return {model.name for model in found}
+
     def download(self, path: str, folder: str | Path) -> Path:
         """Download artifact ``path`` into ``folder``; returns the local path."""
         Path(folder).mkdir(parents=True, exist_ok=True)

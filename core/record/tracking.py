@@ -414,12 +414,40 @@ class Recorder:
             pass
 
 
+MODEL_ARTIFACT = "model"
+"""Where the run's MLflow model goes: a logged model of that name (``runs:/ID/model`` loads it)."""
+
+
 def upload_artifact(client: Any, run_id: str, path: Path, artifact_path: str | None) -> None:
-    """Upload a file or a folder's contents as an artifact of ``run_id``."""
+    """Upload a file or a folder's contents as an artifact of ``run_id``; an MLflow model folder
+    recorded as ``model`` becomes the run's logged model instead (:func:`log_logged_model`)."""
+    if artifact_path == MODEL_ARTIFACT and (path / "MLmodel").is_file():
+        log_logged_model(client, run_id, path)
+        return
     if path.is_dir():
         client.log_artifacts(run_id, str(path), artifact_path)
     else:
         client.log_artifact(run_id, str(path), artifact_path)
+
+
+def log_logged_model(client: Any, run_id: str, folder: Path) -> str:
+    """The MLflow model in ``folder`` as a logged model named ``model`` of ``run_id``: MLflow 3 lists
+    it under the run's models (and the experiment's Models tab), and ``runs:/ID/model`` loads it.
+    Its files are stored once, in the model's own artifact location. A run that has one already
+    (``runjob sync`` again) keeps it. Returns the model id."""
+    from mlflow.entities import LoggedModelOutput
+
+    experiment = client.get_run(run_id).info.experiment_id
+    found = client.search_logged_models(
+        [experiment], filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL_ARTIFACT}'", max_results=1
+    )
+    if found:
+        return found[0].model_id
+    model = client.create_logged_model(experiment, name=MODEL_ARTIFACT, source_run_id=run_id, model_type="pytorch")
+    client.log_model_artifacts(model.model_id, str(folder))
+    client.finalize_logged_model(model.model_id, "READY")
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])
+    return model.model_id
 
 
 def log_inputs(client: Any, run_id: str, entries: list[dict[str, str]]) -> None:
