@@ -246,7 +246,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch_for_a_language_mod
 
 def test_two_simulated_machines_make_one_job(checked):
     tmp_path = checked.path
-    checked.write_job("job.toml", linear_job("machines") + "batch_size = 8\n")
+    checked.write_job("job.toml", linear_job("machines") + "batch_size = 8\n[tracking]\nsystem_metrics_interval = 10\n")
     port = str(free_port())
     common = [
         "--num-processes",

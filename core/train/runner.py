@@ -76,6 +76,9 @@ def _tags(
     return tags
 
 
+SYSTEM_METRICS_ON_GPU = 10.0  # seconds between samples, by default, on a GPU run
+
+
 def default_run_name(job: ResolvedJob, output_dir: Path) -> str:
     """``tracking.run_name``, else the job's name and what tells this run from its siblings: the
     overrides it was given (a sweep trial's values; not ``tracking.*`` or ``launch.*``), else its
@@ -190,10 +193,13 @@ def _train(
             f"{output_dir}{where}{resumed}"
         )
     sampler = None
-    if job.tracking.system_metrics_interval and recorder.role != "none":
+    interval = job.tracking.system_metrics_interval
+    if interval is None:  # GPU runs: utilisation and memory earn their place; a CPU run's would crowd its own
+        interval = SYSTEM_METRICS_ON_GPU if accelerator.device.type == "cuda" else 0.0
+    if interval and recorder.role != "none":
         start_ms = recorder.record.start_time or recorder.start_ms
         sampler = SystemMetricsSampler(
-            recorder.log_metrics, job.tracking.system_metrics_interval, job.launch.machine_rank, start_ms
+            recorder.log_metrics, interval, job.launch.machine_rank, start_ms
         ).start()
 
     run: RunContext | None = None
