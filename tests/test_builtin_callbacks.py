@@ -138,20 +138,3 @@ def test_profile_writes_a_trace_a_table_and_a_summary_line(tester):
     [line] = [line for line in result.stdout.splitlines() if line.startswith("runjob: profile of")]
     shares = r"(\S+ \d+%, ){4}\S+ \d+% \(trace in .*\)"
     assert re.fullmatch(rf"runjob: profile of steps 2-4: top operators by self CPU time: {shares}", line)
-
-
-@pytest.mark.e2e
-def test_ema_under_two_processes_saves_the_average(tester):
-    tester.write_job(
-        "job.toml", SMALL_DIGITS.format(name="ddp") + "[tracking]\noffline = true\n[callbacks.ema]\ndecay = 0.9\n"
-    )
-    result = tester.cli_subprocess("job.toml", "--num-processes", "2", "--output-dir", "out", timeout=240)
-    # a 2-process gloo job sometimes aborts at exit after its work is done (shared/TRAPS.md)
-    assert result.returncode == 0 or "SIGABRT" in result.stderr, result.stderr[-3000:]
-    assert "2 process(es) on cpu" in result.stdout
-    out = tester.path / "out"
-    [checkpoint] = (out / "checkpoints").iterdir()
-    average = torch.load(checkpoint / "callbacks.pt", weights_only=True)["ema"]["average"]
-    final = weights(out / "model.safetensors")
-    names = ["0.weight", "0.bias", "4.weight", "4.bias"]
-    assert all(torch.equal(final[name], tensor) for name, tensor in zip(names, average, strict=True))

@@ -342,6 +342,17 @@ STOPPER_PLUGIN = """
             if step == 5 and os.environ.get("RANK") == "1":
                 run.request_stop("the second process saw step 5")
 
+        def on_run_end(self, run, status, error):
+            # each process notes the ema average it kept and the weights its model ends with
+            import torch
+
+            model = run.accelerator.unwrap_model(run.model)
+            kept = {
+                "average": run.callbacks["ema"].state_dict()["average"],
+                "weights": {name: p.detach().cpu() for name, p in model.named_parameters()},
+            }
+            torch.save(kept, os.path.join(os.environ["CHECK_DIR"], f"ema-{os.environ['RANK']}.pt"))
+
         def state_dict(self):
             return {"steps": self.steps}
 
@@ -360,10 +371,11 @@ STOPPER_PLUGIN = """
 """
 
 
-def test_one_process_asking_to_stop_stops_both_cleanly(checked):
+def test_one_process_asking_to_stop_stops_both_cleanly_with_the_ema_average(checked):
     checked.install_plugin("fake-stopper", {"fake_stopper": STOPPER_PLUGIN}, {"stopper": "fake_stopper"})
     job = linear_job("stopped").replace("log_every = 1", "log_every = 2").replace("epochs = 2", "epochs = 9")
-    checked.write_job("job.toml", job + "    batch_size = 8\n    [callbacks.stopper]\n")
+    callbacks = "    [callbacks.stopper]\n    [callbacks.ema]\n    decay = 0.5\n"
+    checked.write_job("job.toml", job + "    batch_size = 8\n" + callbacks)
     result = checked.cli_subprocess("job.toml", "--num-processes", "2", "--output-dir", "out", timeout=RUN_TIMEOUT)
     assert ok(result), result.stderr[-3000:]
     run = checked.only_run("stopped")
@@ -373,3 +385,13 @@ def test_one_process_asking_to_stop_stops_both_cleanly(checked):
     assert run.history("train/steps_seen") == [(step, float(step)) for step in range(1, 7)], "the main process's"
     assert "model.safetensors" in run.artifacts() and "best/model.safetensors" in run.artifacts("best")
     assert not processes_in(checked.path)
+    # ema under DDP: both processes kept the same average, and the saved model is that average
+    import torch
+    from safetensors.torch import load_file
+
+    first, second = (torch.load(checked.path / f"ema-{rank}.pt", weights_only=True) for rank in (0, 1))
+    assert all(torch.equal(a, b) for a, b in zip(first["average"], second["average"], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(first["average"], first["weights"].values(), strict=True))
+    saved = load_file(checked.path / "out" / "model.safetensors")
+    assert saved.keys() == first["weights"].keys()
+    assert all(torch.equal(saved[name], tensor) for name, tensor in first["weights"].items())
