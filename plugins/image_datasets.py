@@ -172,6 +172,8 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
         classes=list(train_classes),
         source=str(folder.resolve()),
         digest=digest,
+        # images of any size, made 32x32 as the models were trained on
+        read_inputs=image_inputs(transforms.Compose([transforms.Resize((32, 32)), transforms.ToTensor(), normalize])),
     )
 
 
@@ -209,6 +211,47 @@ def _read_image(path: str):
         raise DataError(f"cannot read image {path}: {type(error).__name__}: {error}") from None
 
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def image_files(path: str | Path) -> list[Path]:
+    """The image files ``runjob predict --input`` names: the file ``path``, or every image file in
+    folder ``path`` and its subfolders, in path order; a DataError when there is none."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise DataError(f"--input {path}: no such file or folder")
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise DataError(f"--input {path}: no image files ({', '.join(IMAGE_SUFFIXES)}) in the folder")
+    return files
+
+
+class ImageInputs:
+    """Image files as ``(name, image tensor)`` items for ``runjob predict``: each file decoded as RGB
+    and given to ``transform`` (a PIL image in, a tensor out); the name is its path relative to
+    the folder given."""
+
+    def __init__(self, path: str | Path, transform) -> None:
+        self.root = Path(path)
+        self.files = image_files(path)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int):
+        file = self.files[index]
+        name = file.name if file == self.root else file.relative_to(self.root).as_posix()
+        return name, self.transform(_read_image(str(file)))
+
+
+def image_inputs(transform):
+    """A ``DatasetSplits.read_inputs`` for image datasets: image files through ``transform``."""
+    return lambda path: ImageInputs(path, transform)
+
+
 def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
     """torchvision's ImageFolder over root/train and root/val."""
     from torchvision import datasets, transforms
@@ -235,6 +278,7 @@ def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
         classes=classes,
         source=str(root.resolve()),
         digest=_listing_digest(root),
+        read_inputs=image_inputs(transforms.Compose(resize + tail)),  # the validation split's transform
     )
 
 

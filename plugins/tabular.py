@@ -330,10 +330,41 @@ def split_rows(count: int, val_fraction: float, test_fraction: float, seed: int,
 def standardized(train, *others):
     """``train`` and ``others`` (float64 (N, F) tensors) scaled by train's per-column mean and
     standard deviation (population, ddof 0; 1 for a constant column), as float32."""
+    mean, std = feature_scale(train)
+    return [((split - mean) / std).float() for split in (train, *others)]
+
+
+def feature_scale(train):
+    """The per-column mean and standard deviation (population; 1 for a constant column) that
+    :func:`standardized` scales by."""
     mean = train.mean(0)
     std = train.std(0, unbiased=False)
     std = std.where(std > 1e-12 * mean.abs().clamp(min=1.0), 1.0)  # constant up to rounding: centre only
-    return [((split - mean) / std).float() for split in (train, *others)]
+    return mean, std
+
+
+def csv_inputs(path: Path, features: list[str], scale) -> list:
+    """A CSV file's rows as ``(name, features)`` items for ``runjob predict``: the feature columns
+    the model was trained on (other columns, a target too, are ignored), standardized with the
+    training rows' ``scale`` (mean, std) when the job standardized; the name is ``line N``."""
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        what = "no such file" if not path.exists() else "a folder"
+        raise DataError(
+            f"--input {path}: {what}; the csv dataset reads a CSV file with the columns {_listing(features)}"
+        )
+    table = read_table(str(path))
+    absent = [name for name in features if name not in table.header]
+    if absent:
+        raise DataError(_missing_columns_message(absent, table.header, str(path)))
+    if not table.rows:
+        raise DataError(f"--input {path} holds no data rows, only the header line")
+    values = torch.tensor(table.numbers(features), dtype=torch.float64)
+    if scale is not None:
+        values = (values - scale[0]) / scale[1]
+    return [(f"line {line}", row) for (line, _), row in zip(table.rows, values.float(), strict=True)]
 
 
 def _baselines(targets, train_idx, val_idx, target_type: str) -> dict[str, float]:
@@ -386,6 +417,7 @@ def build_csv(options: CSVOptions) -> DatasetSplits:
         len(table.rows), options.val_fraction, options.test_fraction, options.split_seed, options.path
     )
     parts = [features[train_idx], features[val_idx], features[test_idx]]
+    scale = feature_scale(parts[0]) if options.standardize else None
     parts = standardized(*parts) if options.standardize else [part.float() for part in parts]
     train, val, test = (
         TensorDataset(part, targets[idx]) for part, idx in zip(parts, (train_idx, val_idx, test_idx), strict=True)
@@ -399,6 +431,7 @@ def build_csv(options: CSVOptions) -> DatasetSplits:
         source=str(Path(options.path).resolve()),
         digest=table.digest,
         baselines=_baselines(targets, train_idx, val_idx, options.target_type),
+        read_inputs=lambda path: csv_inputs(path, features_named, scale),
     )
 
 

@@ -79,6 +79,11 @@ class Classification(Task):
             summary[f"top{self.top_k}"] = totals["in_top_k"] / count
         return summary
 
+    def predict(self, outputs: Any) -> dict[str, Any]:
+        """The most likely class of each sample and its probability (softmax of the logits)."""
+        probability, index = outputs.float().softmax(dim=-1).max(dim=-1)
+        return {"class": index, "probability": probability}
+
 
 # --- regression -------------------------------------------------------------------------------------
 
@@ -154,6 +159,10 @@ class Regression(Task):
             "rmse": math.sqrt(sum(totals["squared"]) / (count * values)),
             "loss": totals["loss"] / count,
         }
+
+    def predict(self, outputs: Any) -> dict[str, Any]:
+        """The predicted values: ``(batch,)`` for one value (a ``(batch, 1)`` output included), else ``(batch, k)``."""
+        return {"value": outputs[:, 0] if outputs.ndim == 2 and outputs.shape[1] == 1 else outputs}
 
 
 # --- language modelling -----------------------------------------------------------------------------
@@ -231,6 +240,30 @@ class LanguageModeling(Task):
     def summarize(self, totals: dict[str, Any], count: int) -> dict[str, float]:
         loss = totals["loss"] / totals["tokens"] if totals["tokens"] else float("nan")
         return {"perplexity": math.exp(loss) if loss < 700 else float("inf"), "loss": loss}
+
+    def predict(self, outputs: Any) -> dict[str, Any]:
+        """The most likely next token after each sample's last position."""
+        return {"next_token": outputs[:, -1].argmax(dim=-1)}
+
+    def generate(self, model: Any, tokens: Any, max_new_tokens: int, context: int, temperature: float, generator: Any):
+        """Token by token: the model reads the last ``context`` tokens and the next one is its most
+        likely (``temperature`` 0) or drawn from the softmax of its logits divided by ``temperature``."""
+        import torch
+
+        new = []
+        with torch.no_grad():
+            for _ in range(max_new_tokens):
+                logits = model(tokens[:, -context:])[:, -1].float()
+                if self.vocabulary is not None:
+                    logits = logits[:, : self.vocabulary]  # ids past the data's vocabulary were never targets
+                if temperature > 0:
+                    probabilities = (logits / temperature).softmax(dim=-1)
+                    token = torch.multinomial(probabilities.cpu(), 1, generator=generator).to(tokens.device)
+                else:
+                    token = logits.argmax(dim=-1, keepdim=True)
+                new.append(token)
+                tokens = torch.cat([tokens, token], dim=1)
+        return torch.cat(new, dim=1) if new else tokens[:, :0]
 
 
 @hookimpl

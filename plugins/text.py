@@ -184,6 +184,37 @@ def unigram_perplexity(train: bytes, targets) -> float:
     return math.exp(-log_probs[targets.long()].mean().item())
 
 
+def text_prompts(path: Path) -> list:
+    """Prompts for ``runjob predict``, as ``(name, byte tokens)`` items: the file ``path`` is one
+    prompt, a folder holds one prompt a file (its subfolders too, in path order; empty files left
+    out)."""
+    import torch
+
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"--input {path}: no such file or folder")
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    prompts = []
+    for file in files:
+        try:
+            data = file.read_bytes()
+        except OSError as error:
+            raise DataError(f"--input: cannot read {file}: {error.strerror or error}") from None
+        if data:
+            name = file.name if file == path else file.relative_to(path).as_posix()
+            prompts.append((name, torch.frombuffer(bytearray(data), dtype=torch.uint8).long()))
+    if not prompts:
+        raise DataError(
+            f"--input {path}: no text to continue (the file is empty, or the folder holds no non-empty file)"
+        )
+    return prompts
+
+
+def decode_bytes(tokens) -> str:
+    """Byte tokens back to text (UTF-8; a byte sequence cut mid-character shows as U+FFFD)."""
+    return bytes(int(token) for token in tokens).decode("utf-8", errors="replace")
+
+
 def build_text_files(options: TextFilesOptions) -> DatasetSplits:
     """The files' bytes, split by file, as windows of ``context + 1`` tokens."""
     files = read_corpus(options)
@@ -212,6 +243,8 @@ def build_text_files(options: TextFilesOptions) -> DatasetSplits:
         source=", ".join(_patterns(options.paths)),
         digest=hasher.hexdigest()[:16],
         baselines={"unigram_perplexity": unigram_perplexity(data["train"], windows["val"].targets())},
+        read_inputs=text_prompts,
+        decode=decode_bytes,
     )
 
 

@@ -22,7 +22,8 @@ from runjob.commands.arguments import (
 from runjob.commands.plugins import add_plugins_arguments
 
 COMMANDS = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
-LOADING_PLUGINS = ("run", "validate", "doctor", "plugins", "rerun", "sweep")
+COMMANDS += ("evaluate", "predict", "export")  # using a trained model
+LOADING_PLUGINS = ("run", "validate", "doctor", "plugins", "rerun", "sweep", "evaluate", "predict", "export")
 """The commands that load plugins: they take ``--disable-plugin`` after the command name too."""
 SHOWING_WARNINGS = ("doctor", "plugins")
 """The commands that list plugin warnings in their report rather than as ``runjob: warning:`` lines."""
@@ -41,6 +42,9 @@ Train from a declarative TOML job file.
   runjob rerun RUN_ID [--set table.key=value]...                  run a recorded run's job again
   runjob sync OUTPUT_DIR                                          upload a run's local record to MLflow
   runjob sweep JOB.toml                                           run the job's [sweep] trials
+  runjob evaluate RUN [--split val|test]                          evaluate a trained model, record it
+  runjob predict RUN --input PATH [--output FILE]                 predictions as CSV or JSON lines
+  runjob export RUN --format onnx|pt2 [--output FILE]             the trained model as ONNX or a torch.export file
 
   --disable-plugin NAME (before or after the command; repeatable) or RUNJOB_DISABLE_PLUGINS=NAME,...
   leaves a plugin unloaded. A job picks one plugin's component with name = "PLUGIN:NAME".
@@ -73,7 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
         const=True,
         type=Path,
         metavar="CHECKPOINT",
-        help="continue the run in --output-dir from its newest complete checkpoint (or from CHECKPOINT)",
+        help=(
+            "continue the run in --output-dir from its newest complete checkpoint (or from CHECKPOINT); "
+            "`--resume auto`: the same, or start afresh in --output-dir when it holds no checkpoint yet, so the same "
+            "command can be resubmitted after a preemption"
+        ),
     )
     run.add_argument(
         "--tag",
@@ -179,9 +187,76 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--output-dir", type=Path, help="where the sweep's trials go (default: runs/<job name>-sweep/<time>)"
     )
+    add_trained_model_commands(commands, uri_default)
     for name in LOADING_PLUGINS:
         add_disable_plugin(commands.choices[name])
     return parser
+
+
+def add_trained_model_commands(commands: argparse._SubParsersAction, uri_default: str) -> None:
+    """``evaluate``, ``predict`` and ``export``: using a finished run's model."""
+    from runjob.commands.evaluate import add_run_reference
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="evaluate a finished run's model on its validation or test split; record it as a new MLflow run",
+        description=(
+            "Rebuild RUN's job and model with its final weights, evaluate a split with the task's metrics, print "
+            "them and record them as a new MLflow run tagged runjob.evaluated_from=RUN."
+        ),
+    )
+    add_run_reference(evaluate)
+    evaluate.add_argument("--split", choices=("val", "test"), default="val", help="the split (default: val)")
+    add_overrides(evaluate)
+    evaluate.add_argument("--no-record", action="store_true", help="print the metrics only, record no MLflow run")
+    add_tracking_uri(evaluate, f"the run's own store; {uri_default}")
+
+    predict = commands.add_parser(
+        "predict",
+        help="a finished run's predictions for new inputs, as CSV or JSON lines",
+        description=(
+            "Predict with RUN's model: image files, a CSV of the feature columns, or text to continue, read as its "
+            "dataset reads them. Classification: class and probability; regression: values; a language model: a "
+            "continuation of each prompt."
+        ),
+    )
+    add_run_reference(predict)
+    predict.add_argument("--input", type=Path, metavar="PATH", help="a file or folder of inputs")
+    predict.add_argument("--prompt", metavar="TEXT", help="text for a language model to continue (instead of --input)")
+    predict.add_argument(
+        "--output", type=Path, metavar="FILE", help="FILE.csv or FILE.jsonl (default: JSON lines on stdout)"
+    )
+    predict.add_argument("--batch-size", type=int, default=64, metavar="N", help="inputs per batch (default: 64)")
+    predict.add_argument(
+        "--max-new-tokens", type=int, default=100, metavar="N", help="a language model's continuation length (100)"
+    )
+    predict.add_argument(
+        "--temperature", type=float, default=0.0, help="0 (default): the most likely token each time; above 0: sampled"
+    )
+    predict.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    add_overrides(predict)
+    add_tracking_uri(predict, uri_default)
+
+    export = commands.add_parser(
+        "export",
+        help="a finished run's model as an ONNX file or a torch.export program, checked against the original",
+        description=(
+            "Export RUN's model with its final weights and check the file on a batch of the validation split "
+            "(onnxruntime for ONNX, loading it back for pt2), printing the largest difference."
+        ),
+    )
+    add_run_reference(export)
+    export.add_argument("--format", choices=("onnx", "pt2"), required=True, help="onnx (needs the onnx extra) or pt2")
+    export.add_argument(
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="where to write it (default: model.onnx / model.pt2 in the run's output folder, else here)",
+    )
+    export.add_argument(
+        "--atol", type=float, default=1e-4, help="largest difference accepted, relative to the outputs' scale (1e-4)"
+    )
+    add_tracking_uri(export, uri_default)
 
 
 def _print_problems(message: str) -> None:

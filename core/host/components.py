@@ -107,6 +107,15 @@ class DatasetSplits:
     baselines: dict[str, float] = field(default_factory=dict)
     """Reference values the data itself gives (e.g. ``{"unigram_perplexity": 24.1}``), logged once
     as ``baseline/<name>`` metrics so runs can be read against them."""
+    read_inputs: Callable[[Path], Any] | None = None
+    """For ``runjob predict``: read unlabeled inputs from a file or folder the user gives (image
+    files, a CSV of the feature columns, a text prompt) as a ``torch.utils.data.Dataset`` of
+    ``(name, input)`` items: a name for the output row (a file name, a line number) and the model's
+    input as one sample of this dataset holds it (the same transform and normalization as the
+    validation split). Raise :class:`runjob.DataError` naming the path when nothing can be read.
+    ``None``: the dataset cannot read inputs for prediction."""
+    decode: Callable[[Sequence[int]], str] | None = None
+    """For a language-model dataset: token ids back to text (``runjob predict --prompt``)."""
 
 
 @dataclass

@@ -94,6 +94,26 @@ class Task(ABC):
             raise ValueError(f"{type(self).__name__} found no tensor in a {type(batch).__name__} batch to count")
         return int(first.shape[0])
 
+    def predict(self, outputs: Any) -> dict[str, Any]:
+        """What ``runjob predict`` writes for a batch of the model's outputs: names mapped to
+        per-sample tensors (first dimension the batch; a ``(batch, k)`` tensor becomes k columns
+        ``name_0 ... name_<k-1>``). By default the outputs as they are, as ``output``; a
+        classification task gives the class index and its probability instead. A tensor named
+        ``class`` holds class indices, written as the dataset's class names when it has them."""
+        return {"output": outputs}
+
+    def generate(self, model: Any, tokens: Any, max_new_tokens: int, context: int, temperature: float, generator: Any):
+        """For a task whose model continues its input (language modelling): the ``max_new_tokens``
+        token ids that follow ``tokens`` (a ``(1, T)`` prompt), greedily when ``temperature`` is 0,
+        else sampled with ``generator``; the model sees at most the last ``context`` tokens (the
+        length it was trained on). Tasks that do not generate leave this as it is."""
+        raise ValueError(f"task {type(self).__name__} does not continue its inputs (it has no generate())")
+
+    @property
+    def generates(self) -> bool:
+        """Whether this task overrides :meth:`generate` (``runjob predict`` then continues prompts)."""
+        return type(self).generate is not Task.generate
+
 
 def first_tensor(batch: Any) -> Any:
     """The first object with a ``shape`` in a batch of nested tuples, lists and dicts (or None)."""

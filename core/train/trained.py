@@ -1,0 +1,233 @@
+"""A finished run, loaded back to be used: ``runjob evaluate``, ``predict`` and ``export`` find it
+here (an output folder, an MLflow run id or ``runs:/ID``), rebuild its job, its model with the
+trained weights (``model.safetensors``), its data and its task.
+
+The job is the run's resolved ``job.toml``: the output folder's own copy when the folder is on
+this machine (found through the MLflow run's tag ``runjob.output_dir``), else the copy recorded
+in MLflow, downloaded with ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import RunjobError, TrackingError, TrainingError, describe, first_line
+from runjob.host.components import DatasetSplits, ImageTensors
+from runjob.host.run_context import RunContext
+from runjob.host.task import Task
+from runjob.job.validation import ResolvedJob, load_resolved
+from runjob.record.local import RunRecord
+from runjob.record.store import get_run, open_store, reading
+from runjob.record.tracking import resolve_tracking_uri
+
+JOB_FILE = "job.toml"
+MODEL_FILE = "model.safetensors"
+OUTPUT_DIR_TAG = "runjob.output_dir"
+RUN_ID = re.compile(r"^[0-9a-fA-F]{8,64}$")
+
+
+@dataclass
+class TrainedRun:
+    """Where a finished run's files are: ``folder`` holds its ``job.toml`` and
+    ``model.safetensors`` (the run's output folder, or a download of its MLflow artifacts);
+    ``output_dir`` is the run's output folder when it is on this machine. ``run_id``,
+    ``tracking_uri``, ``experiment`` and ``run_name``: its MLflow run, when it has one."""
+
+    reference: str
+    folder: Path
+    output_dir: Path | None = None
+    run_id: str | None = None
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    run_name: str | None = None
+
+    @property
+    def job_file(self) -> Path:
+        return self.folder / JOB_FILE
+
+    @property
+    def model_file(self) -> Path:
+        return self.folder / MODEL_FILE
+
+    @property
+    def label(self) -> str:
+        """How messages name the run: its MLflow run id, else its output folder."""
+        return self.run_id or str(self.output_dir or self.reference)
+
+
+def find_run(reference: str, tracking_uri: str | None, scratch: Path) -> TrainedRun:
+    """The run ``reference`` names: an output folder, an MLflow run id or ``runs:/ID`` (looked up
+    at ``tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else MLflow's default). When its output
+    folder is not here, its ``job.toml`` and ``model.safetensors`` are downloaded into
+    ``scratch``. A run without a model is a one-line error."""
+    path = Path(reference).expanduser()
+    if path.is_dir():
+        found = _from_folder(reference, path)
+    elif reference.startswith("runs:/") or RUN_ID.match(reference):
+        found = _from_mlflow(reference, tracking_uri, scratch)
+    else:
+        raise RunjobError(
+            f"{reference}: no such folder, and not an MLflow run id; give a run's output folder, its run id or runs:/ID"
+        )
+    if not found.model_file.is_file():
+        raise RunjobError(
+            f"run {found.label} has no model: no {MODEL_FILE} in {found.folder} (it did not finish training); use a "
+            "finished run"
+        )
+    return found
+
+
+def _from_folder(reference: str, path: Path) -> TrainedRun:
+    if not (path / JOB_FILE).is_file():
+        raise RunjobError(f"{path}: no {JOB_FILE} here: not the output folder of a runjob run")
+    record = RunRecord.read(path) or RunRecord()
+    return TrainedRun(
+        reference,
+        path,
+        output_dir=path,
+        run_id=record.run_id,
+        tracking_uri=record.tracking_uri,
+        experiment=record.experiment or None,
+        run_name=record.run_name or None,
+    )
+
+
+def _from_mlflow(reference: str, tracking_uri: str | None, scratch: Path) -> TrainedRun:
+    run_id = reference.removeprefix("runs:/").strip("/").partition("/")[0]
+    uri = resolve_tracking_uri(tracking_uri)
+    client = open_store(uri)
+    with reading(uri):
+        run = get_run(client, uri, run_id)
+        experiment = client.get_experiment(run.info.experiment_id).name
+    tagged = run.data.tags.get(OUTPUT_DIR_TAG)
+    output_dir = Path(tagged) if tagged and (Path(tagged) / JOB_FILE).is_file() else None
+    found = TrainedRun(reference, output_dir or scratch, output_dir, run_id, uri, experiment, run.info.run_name)
+    if output_dir is None:  # the folder is on another machine, or gone: the recorded copies
+        _download(uri, run_id, JOB_FILE, scratch, required=True)
+        _download(uri, run_id, MODEL_FILE, scratch, required=False)
+    return found
+
+
+def _download(uri: str, run_id: str, name: str, folder: Path, required: bool) -> None:
+    """Download artifact ``name`` of run ``run_id`` into ``folder``; a missing one is an error when ``required``."""
+    from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
+
+    from runjob.record.store import _environment
+
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with _environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
+            download_artifacts(run_id=run_id, artifact_path=name, tracking_uri=uri, dst_path=str(folder))
+    except (MlflowException, OSError) as error:
+        missing = getattr(error, "error_code", None) == "RESOURCE_DOES_NOT_EXIST" or isinstance(
+            error, FileNotFoundError
+        )
+        if not missing:
+            raise TrackingError(f"cannot read from MLflow at {uri}: {describe(error)}") from None
+        if required:
+            raise RunjobError(f"run {run_id} has no {name} artifact: it was not made by runjob") from None
+
+
+def load_job(run: TrainedRun, overrides: list[str], host: Any) -> ResolvedJob:
+    """The run's resolved job, with ``--set`` changes to its ``[dataset]`` table (nothing else may
+    change: the model must stay the one the weights were trained for)."""
+    for override in overrides:
+        key = override.partition("=")[0].strip()
+        if not key.startswith("dataset."):
+            raise RunjobError(
+                f"--set {override}: only the dataset can be changed for a trained model; give dataset.KEY=VALUE"
+            )
+    return load_resolved(run.job_file, overrides, host)
+
+
+def build_model(job: ResolvedJob, model_file: Path) -> Any:
+    """The job's model with the run's trained weights (every weight must fit: strict), in eval mode, on the CPU."""
+    from safetensors.torch import load_model
+
+    model = job.model.component.factory(job.model.options)
+    try:
+        load_model(model, str(model_file), strict=True)
+    except Exception as error:  # noqa: BLE001 - names that differ, shapes that differ, a damaged file
+        raise RunjobError(
+            f"{model_file} does not fit model {job.model.name!r} as the job builds it: {first_line(error)[:300]}"
+        ) from None
+    return model.eval()
+
+
+def load_data(job: ResolvedJob) -> tuple[DatasetSplits, Task]:
+    """The job's dataset splits and its task."""
+    splits = job.dataset.component.factory(job.dataset.options)
+    task = job.task.component.factory(job.task.options, splits)
+    if not isinstance(task, Task):
+        raise TrainingError(
+            f"task {job.task.name!r} (plugin {job.task.component.plugin}): its factory returned a "
+            f"{type(task).__name__}, not a runjob.Task"
+        )
+    return splits, task
+
+
+def best_device() -> Any:
+    """CUDA when there is a GPU, else the CPU."""
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextlib.contextmanager
+def one_process_accelerator(job: ResolvedJob) -> Iterator[Any]:
+    """An Accelerator for this process alone, in the job's precision (fp16 only on a GPU), on the
+    GPU when there is one (unless ``train.cpu``); Accelerate's process-wide state is forgotten after."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    cpu = job.train.cpu or not torch.cuda.is_available()
+    precision = "no" if cpu and job.train.mixed_precision == "fp16" else job.train.mixed_precision
+    try:
+        yield Accelerator(cpu=cpu, mixed_precision=precision)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, float]:
+    """The task's metrics over the ``split`` ("val" or "test") with the run's final weights, as
+    training evaluated it (``split/name``)."""
+    from runjob.train.data_loading import make_loaders
+    from runjob.train.loop import evaluate
+
+    splits, task = load_data(job)
+    if split == "test" and splits.test is None:
+        raise RunjobError(
+            f"dataset {job.dataset.name!r} has no test split (as the run's job sets it up): use --split val"
+        )
+    model = build_model(job, run.model_file)
+    if job.train.channels_last:
+        import torch
+
+        model = model.to(memory_format=torch.channels_last)
+    with one_process_accelerator(job) as accelerator:
+        _, val_loader, test_loader = make_loaders(splits, job, accelerator)
+        model, loader = accelerator.prepare(model, val_loader if split == "val" else test_loader)
+        context = RunContext(job, accelerator, model, None, None, None, loader, run.output_dir or run.folder)
+        context.task = task
+        return evaluate(context, loader, split)
+
+
+def sample_batch(split: Any, count: int = 8) -> Any:
+    """The first ``count`` samples of a split (fewer when it is smaller) as one batch on the CPU,
+    as evaluation sees them."""
+    from runjob.train.data_loading import BatchedImages, collate
+
+    indices = list(range(min(count, len(split))))
+    if isinstance(split, ImageTensors):
+        import torch
+
+        return BatchedImages(split, torch.device("cpu"), seed=0, augment=False).__getitems__(indices)
+    return collate([split[index] for index in indices])
