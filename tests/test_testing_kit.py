@@ -103,7 +103,7 @@ def test_a_recorded_run_reads_both_sides(tester):
     assert online.params["train.max_steps"] == online.record["params"]["train.max_steps"] == "2"
     assert online.mlflow.steps("train/loss") == [step for step, _ in online.local_history("train/loss")] == [1, 2]
     assert online.metrics["train/loss"] == online.local_history("train/loss")[-1][1]
-    assert {"job.toml", "model.safetensors", "model"} <= online.artifacts
+    assert {"job.toml", "model.safetensors"} <= online.artifacts and online.mlflow.models() == {"model"}
     assert tester.only_run("sides").run_id == online.run_id
 
     offline = tester.run("job.toml", "train.max_steps=2", "tracking.offline=true", output_dir="offline")
