@@ -1,4 +1,8 @@
-"""Built-in optimizers: SGD, Adam and AdamW from torch.optim."""
+"""Built-in optimizers: SGD, Adam and AdamW from torch.optim.
+
+Each factory receives the host's param groups (dicts with ``params``, ``param_names`` and a group's
+own ``lr`` / ``weight_decay``) and hands them to torch.optim as they are: the options below are the
+defaults of every group that does not set its own."""
 
 from __future__ import annotations
 

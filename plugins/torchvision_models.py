@@ -1,12 +1,22 @@
-"""Built-in models: torchvision's image classification models, by their torchvision names."""
+"""Built-in models: torchvision's image classification models, by their torchvision names,
+randomly initialised or from torchvision's pretrained weights (``weights = "DEFAULT"``)."""
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
+import hashlib
+import importlib.util
+import os
 from functools import partial
+from pathlib import Path
+from typing import ClassVar
+from urllib.parse import urlparse
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from runjob import Options, hookimpl
+from runjob import Options, RunjobError, hookimpl
 
 # torchvision.models.list_models() needs torch imported; the names are listed here so that
 # loading plugins stays fast. tests/test_builtin_plugins.py checks them against torchvision.
@@ -97,9 +107,24 @@ _SINGLE_OUTPUT = {
 
 
 class ClassifierOptions(Options):
-    """Options every torchvision classifier takes (randomly initialised; no weights download)."""
+    """Options every torchvision classifier takes."""
+
+    model_name: ClassVar[str | None] = None
+    """The torchvision builder these options are for (set on each registered model's own subclass)."""
 
     num_classes: int = Field(1000, ge=2)
+    weights: str | None = Field(None, min_length=1)
+    """torchvision's pretrained weights: ``"DEFAULT"`` (the best torchvision has) or a name of the
+    model's weights enum (``"IMAGENET1K_V1"``), read from torch's cache (``$TORCH_HOME/hub/checkpoints``),
+    downloaded there when missing. With another ``num_classes`` the head keeps its fresh init."""
+
+    @field_validator("weights")
+    @classmethod
+    def _known_weights(cls, value: str | None) -> str | None:
+        known = known_weights(cls.model_name) if value is not None and cls.model_name else None
+        if known and value not in known:
+            raise ValueError(unknown_weights(cls.model_name, value, known))
+        return value
 
 
 class ResNetOptions(ClassifierOptions):
@@ -110,19 +135,159 @@ class ResNetOptions(ClassifierOptions):
     zero_init_residual: bool = False
 
 
+def unknown_weights(model: str, value: str, known: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(value, known, n=2, cutoff=0.5)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    return f"{model} has no weights {value!r}; {hint}torchvision has: {', '.join(known) or 'none'}"
+
+
+@functools.cache
+def known_weights(model: str) -> tuple[str, ...] | None:
+    """The names of ``model``'s torchvision weights enum (``DEFAULT``, ``IMAGENET1K_V1``, ...), read
+    from torchvision's source without importing it (``runjob validate`` imports no torch); None
+    when they cannot be found that way (then the build checks the name)."""
+    try:
+        spec = importlib.util.find_spec("torchvision")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        for file in sorted((Path(next(iter(spec.submodule_search_locations))) / "models").glob("*.py")):
+            text = file.read_text(encoding="utf-8")
+            if f"def {model}(" not in text:
+                continue
+            tree = ast.parse(text)
+            builder = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == model)
+            argument = next(a for a in builder.args.kwonlyargs if a.arg == "weights")
+            enum = next(
+                n.id for n in ast.walk(argument.annotation) if isinstance(n, ast.Name) and n.id.endswith("_Weights")
+            )
+            body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == enum).body
+            names = [t.id for n in body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
+            return tuple(names) or None
+    except (OSError, SyntaxError, StopIteration, AttributeError, ValueError):
+        return None
+    return None
+
+
+def _weights_entry(name: str, value: str):
+    """torchvision's weights enum member for ``model.weights = value``."""
+    import torchvision.models
+
+    enum = torchvision.models.get_model_weights(name)
+    known = list(enum.__members__)
+    if value not in known:
+        raise RunjobError(f"model.weights: {unknown_weights(name, value, known)}")
+    return enum[value]
+
+
+def _sha256_prefix_matches(path: Path, prefix: str) -> str | None:
+    """None when the file's sha256 starts with ``prefix``, else its own digest's first characters."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    found = digest.hexdigest()
+    return None if found.startswith(prefix) else found[: len(prefix)]
+
+
+def weights_file(entry, value: str) -> Path:
+    """The local file of torchvision weights ``entry``, in torch hub's checkpoint folder
+    (``$TORCH_HOME/hub/checkpoints``): downloaded there (hash-checked) when missing; a file already
+    there is checked against the sha256 prefix its name carries, as a download would be."""
+    import torch.hub
+
+    from runjob.errors import describe
+
+    filename = os.path.basename(urlparse(entry.url).path)
+    folder = Path(torch.hub.get_dir()) / "checkpoints"
+    path = folder / filename
+    found = torch.hub.HASH_REGEX.search(filename)
+    prefix = found.group(1) if found else ""
+    what = f"model.weights = {value!r} ({entry!r})"
+    if not path.is_file():
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            torch.hub.download_url_to_file(entry.url, str(path), prefix or None, progress=False)
+        except Exception as error:  # noqa: BLE001 - no network, a proxy, a wrong hash: the remedy is the same
+            raise RunjobError(
+                f"{what}: {filename} is not in {folder} and cannot be downloaded ({describe(error)}); place the file "
+                f"from {entry.url} there (the folder is $TORCH_HOME/hub/checkpoints)"
+            ) from None
+    elif prefix:
+        other = _sha256_prefix_matches(path, prefix)
+        if other is not None:
+            raise RunjobError(
+                f"{what}: {path} is not the file torchvision published: its sha256 starts {other}, its name says "
+                f"{prefix} (a partial download or another file); delete it and place the one from {entry.url}"
+            )
+    return path
+
+
+def _architecture(name: str, entry) -> dict:
+    """What torchvision's builder sets when it loads these weights (the architecture they need)."""
+    if name in _SINGLE_OUTPUT:  # trained with inputs transformed from ImageNet's normalization
+        return {"transform_input": True}
+    if name.startswith("vit_") and "min_size" in entry.meta:  # SWAG weights are for larger images
+        return {"image_size": entry.meta["min_size"][0]}
+    return {}
+
+
+def load_pretrained(model, name: str, entry, value: str) -> str:
+    """Load torchvision weights ``entry`` into ``model`` (built with the job's options) by name;
+    tensors of another shape (a head for another ``num_classes``) keep their fresh init. Returns
+    the line to show."""
+    import re
+
+    import torch
+
+    path = weights_file(entry, value)
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if name.startswith("densenet"):  # old names, as torchvision's own loader renames them
+        old = re.compile(r"^(.*denselayer\d+\.(?:norm|relu|conv))\.([12]\.(?:weight|bias|running_mean|running_var))$")
+        state = {(m.group(1) + m.group(2) if (m := old.match(k)) else k): v for k, v in state.items()}
+    # the auxiliary classifiers of googlenet and inception_v3: the model is built without them
+    state = {k: v for k, v in state.items() if not (name in _SINGLE_OUTPUT and k.startswith("aux"))}
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    if missing or unexpected:
+        raise RunjobError(
+            f"model.weights = {value!r} ({entry!r}) do not fit {name}: missing {missing[:4]}, "
+            f"unexpected {unexpected[:4]}"
+        )
+    other = {k: (tuple(own[k].shape), tuple(v.shape)) for k, v in state.items() if own[k].shape != v.shape}
+    model.load_state_dict({k: v for k, v in state.items() if k not in other}, strict=False)
+    line = f"model.weights: {name} from {entry!r} ({path}): {len(state) - len(other)} of {len(own)} tensors"
+    if other:
+        shapes = ", ".join(f"{k} {list(here)} here, {list(there)} in the weights" for k, (here, there) in other.items())
+        line += f"; re-initialised, their shape differs (the model's fresh init kept): {shapes}"
+    return line
+
+
 def build(name: str, options: ClassifierOptions):
-    """Build torchvision model ``name`` with the job's options."""
+    """Build torchvision model ``name`` with the job's options (and its pretrained weights)."""
     import torch.nn as nn
     import torchvision.models
 
+    entry = _weights_entry(name, options.weights) if options.weights else None
     kwargs = {"num_classes": options.num_classes, **_SINGLE_OUTPUT.get(name, {})}
+    if entry is not None:
+        kwargs.update(_architecture(name, entry))
     if isinstance(options, ResNetOptions):
         kwargs["zero_init_residual"] = options.zero_init_residual
     model = torchvision.models.get_model(name, **kwargs)
     if isinstance(options, ResNetOptions) and options.cifar_stem:
         model.conv1 = nn.Conv2d(3, model.conv1.out_channels, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
+    if entry is not None:
+        line = load_pretrained(model, name, entry, options.weights)
+        if os.environ.get("RANK", "0") == "0":  # one line for the job, not one per process
+            print(f"runjob: {line}", flush=True)
     return model
+
+
+def _options_for(name: str, base: type[ClassifierOptions]) -> type[ClassifierOptions]:
+    """``base`` for model ``name``: its ``weights`` are checked against that model's."""
+    return type(base.__name__, (base,), {"__module__": __name__, "__doc__": base.__doc__, "model_name": name})
 
 
 @hookimpl
@@ -130,7 +295,12 @@ def runjob_register_models(register):
     """Register every torchvision classification model under its torchvision name."""
     for name in RESNETS:
         register(
-            name, partial(build, name), options=ResNetOptions, description=f"torchvision {name} (cifar_stem available)"
+            name,
+            partial(build, name),
+            options=_options_for(name, ResNetOptions),
+            description=f"torchvision {name} (cifar_stem available)",
         )
     for name in OTHERS:
-        register(name, partial(build, name), options=ClassifierOptions, description=f"torchvision {name}")
+        register(
+            name, partial(build, name), options=_options_for(name, ClassifierOptions), description=f"torchvision {name}"
+        )

@@ -76,6 +76,10 @@ def runjob_register_models(register: Register) -> None:
     once per model. ``factory(options) -> torch.nn.Module`` returns a model whose forward takes what
     the job's task passes it (by default the inputs of a batch) and returns what the task expects
     (each task documents its batches and outputs; the task checks them at the first batch).
+    The host adds the keys ``init_from`` (weights to start from, loaded by the names of the
+    model's ``state_dict()``) and ``freeze`` (patterns over ``named_parameters()`` names) to every
+    model table; the options model must not declare them. A model built the same way from the same
+    options has the same names, so a run's ``model.safetensors`` loads into it.
     """
 
 
@@ -103,8 +107,16 @@ def runjob_register_optimizers(register: Register) -> None:
     """Register optimizer components (``[optimizer] name = ...``).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
-    once per optimizer. ``factory(params, options) -> torch.optim.Optimizer``, where
-    ``params`` is the model's parameters (an iterable of tensors).
+    once per optimizer. ``factory(params, options) -> torch.optim.Optimizer``, where ``params`` is
+    a list of param-group dicts, as torch.optim takes them: each has ``"params"`` (tensors),
+    ``"param_names"`` (their names in the plain model's ``named_parameters()``, as torch 2.6+ keeps
+    them in the optimizer's state) and, where the job's ``[optimizer] groups`` or
+    ``no_decay_norm_and_bias`` say so, ``"lr"`` and ``"weight_decay"``; every other setting comes
+    from the factory's own options. Frozen parameters (``model.freeze``) are left out. Pass
+    ``params`` to the torch optimizer as it is (``torch.optim.AdamW(params, lr=options.lr, ...)``);
+    an optimizer that needs plain tensors can read ``group["params"]`` for each group. The options
+    model must not declare ``groups`` or ``no_decay_norm_and_bias``: the host adds them to every
+    optimizer table.
     """
 
 

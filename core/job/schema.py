@@ -6,9 +6,12 @@ see :mod:`runjob.host.components`.
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from runjob.host.components import Options
 from runjob.host.kinds import MANY_TABLES
@@ -19,6 +22,8 @@ HOST_TABLES = ("job", "train", "launch", "tracking")
 TABLE_ORDER = ("job", *KIND_NAMES, *MANY_TABLES, "train", "launch", "tracking")
 # accepted in a job file but not part of the resolved job: `runjob sweep` reads it, trials never see it
 SWEEP_TABLE = "sweep"
+RUNS_URI = "runs:/"
+WEIGHTS_FILE = "model.safetensors"
 
 
 def sweep_note(what_happens: str) -> str:
@@ -154,6 +159,80 @@ class LoaderOptions(Options):
         if self.num_workers == 0 and (self.persistent_workers or self.prefetch_factor is not None):
             raise ValueError("persistent_workers and prefetch_factor need num_workers > 0")
         return self
+
+
+class ModelSetup(Options):
+    """The keys every ``[model]`` table accepts besides its model's own options: where the weights
+    start from and which of them are not trained. Names are checked when the model is built."""
+
+    init_from: str | None = Field(None, min_length=1)
+    """Weights to start from: a run's output folder (its ``model.safetensors``; ``best/`` too), a
+    ``.safetensors`` file, or an MLflow run ``runs:/RUN_ID`` (its ``model.safetensors`` artifact) or
+    ``runs:/RUN_ID/PATH`` (an artifact folder holding one, or a ``.safetensors`` artifact)."""
+    freeze: list[str] = Field(default_factory=list)
+    """Regular expressions, matched from the start of the parameter names (``re.match``): those
+    parameters are not trained (no gradients, left out of the optimizer)."""
+
+    @field_validator("init_from")
+    @classmethod
+    def _source(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if value.startswith(RUNS_URI):
+            run_id = value.removeprefix(RUNS_URI).split("/", 1)[0]
+            if not re.fullmatch(r"[0-9A-Za-z_-]+", run_id):
+                raise ValueError(f"an MLflow run is written {RUNS_URI}RUN_ID (or {RUNS_URI}RUN_ID/PATH)")
+            return value.rstrip("/")
+        path = Path(os.path.abspath(os.path.expanduser(value)))
+        if path.is_dir():
+            if not (path / WEIGHTS_FILE).is_file():
+                raise ValueError(f"folder {path} has no {WEIGHTS_FILE} (a run's output folder has one when it ended)")
+        elif path.is_file():
+            if path.suffix != ".safetensors":
+                raise ValueError(f"{path} is not a .safetensors file (a run's {WEIGHTS_FILE}, or its output folder)")
+        else:
+            raise ValueError(f"not found: {path} (a run's output folder, a .safetensors file or {RUNS_URI}RUN_ID)")
+        return str(path)
+
+    @field_validator("freeze")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            _compiles(pattern)
+        return value
+
+
+class ParamGroup(Options):
+    """One ``[optimizer] groups`` entry: the parameters whose names match ``params`` (``re.match``,
+    from the start of the name), trained with their own ``lr`` and ``weight_decay``."""
+
+    params: str = Field(min_length=1)
+    lr: float | None = Field(None, gt=0)
+    weight_decay: float | None = Field(None, ge=0)
+
+    @field_validator("params")
+    @classmethod
+    def _pattern(cls, value: str) -> str:
+        return _compiles(value)
+
+
+class OptimizerSetup(Options):
+    """The keys every ``[optimizer]`` table accepts besides its optimizer's own options: parameter
+    groups. The optimizer's factory receives them as torch.optim param-group dicts."""
+
+    groups: list[ParamGroup] = Field(default_factory=list)
+    """Each group takes the parameters its ``params`` matches (the first matching group wins); the
+    rest train with the optimizer's own options."""
+    no_decay_norm_and_bias: bool = False
+    """weight_decay 0 for every bias and every parameter of a normalization layer."""
+
+
+def _compiles(pattern: str) -> str:
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        raise ValueError(f"{pattern!r} is not a regular expression: {error}") from None
+    return pattern
 
 
 class SweepRange(Options):

@@ -30,6 +30,9 @@ from runjob.job.schema import (
     JobTable,
     LaunchTable,
     LoaderOptions,
+    ModelSetup,
+    OptimizerSetup,
+    ParamGroup,
     SweepRange,
     SweepTable,
     TrackingTable,
@@ -42,6 +45,8 @@ _HOST_MODELS: dict[str, type[Options]] = {
     "launch": LaunchTable,
     "tracking": TrackingTable,
 }
+# runjob's own keys in a component's table, beside the component's options (as LoaderOptions in [dataset])
+_SETUP_MODELS: dict[str, type[Options]] = {"model": ModelSetup, "optimizer": OptimizerSetup}
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,10 @@ class ResolvedJob:
     with the direction that is better, ``"max"`` or ``"min"``."""
     sweep: SweepTable | None = None
     """The ``[sweep]`` table, for ``runjob sweep``; not part of the job itself (nor of ``to_dict``)."""
+    model_setup: ModelSetup = field(default_factory=ModelSetup)
+    """``[model]``'s runjob keys: ``init_from``, ``freeze``."""
+    optimizer_setup: OptimizerSetup = field(default_factory=OptimizerSetup)
+    """``[optimizer]``'s runjob keys: ``groups``, ``no_decay_norm_and_bias``."""
 
     def enabled_callbacks(self) -> dict[str, Chosen]:
         """The callbacks that run (``enabled`` not switched off), in the order they are called."""
@@ -98,6 +107,9 @@ class ResolvedJob:
                 values = {"name": chosen.name, **_dump(chosen.options)}
                 if table == "dataset":
                     values.update(_dump(self.loader))
+                if table in _SETUP_MODELS:  # only the keys set: a job without them reads as it always did
+                    setup: BaseModel = getattr(self, f"{table}_setup")
+                    values.update(setup.model_dump(mode="json", exclude_defaults=True))
             else:
                 values = _dump(getattr(self, table))
             tables[table] = values
@@ -112,20 +124,22 @@ def _dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_none=True)
 
 
-def _problems_from(error: ValidationError, table: str, raw: RawJob, accepted: list[str]) -> list[Problem]:
+def _problems_from(
+    error: ValidationError, table: str, raw: RawJob, accepted: list[str], also: tuple[str, ...] = ()
+) -> list[Problem]:
     problems = []
     for item in error.errors():
         key = ".".join([table, *(str(part) for part in item["loc"])])
         origin = raw.origin(key)
-        problems.append(Problem(origin.file, key, _describe(item, accepted), origin.line))
+        problems.append(Problem(origin.file, key, _describe(item, accepted, also), origin.line))
     return problems
 
 
-def _describe(item: dict[str, Any], accepted: list[str]) -> str:
+def _describe(item: dict[str, Any], accepted: list[str], also: tuple[str, ...] = ()) -> str:
     kind = item["type"]
     if kind == "extra_forbidden":
         field = str(item["loc"][-1])
-        close = difflib.get_close_matches(field, accepted, n=1)
+        close = difflib.get_close_matches(field, [*accepted, *also], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "."
         return f"unknown key{hint} Accepted keys: {', '.join(accepted) if accepted else 'none'}"
     if kind == "missing":
@@ -147,7 +161,12 @@ def _check(
             accepted = ["name", *accepted]
         if table == "dataset":
             accepted = sorted({*accepted, *LoaderOptions.model_fields})
-        problems.extend(_problems_from(error, table, raw, accepted))
+        also: tuple[str, ...] = ()
+        if model is OptimizerSetup:  # its own keys are split off by name: an unknown key is inside a group
+            accepted = sorted(ParamGroup.model_fields)
+        elif table in _SETUP_MODELS:  # runjob's keys are suggested for a misspelling; the list stays the component's
+            also = tuple(_SETUP_MODELS[table].model_fields)
+        problems.extend(_problems_from(error, table, raw, accepted, also))
         return None
 
 
@@ -184,6 +203,8 @@ def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem]) 
         return None
     if table == "dataset":
         values = {k: v for k, v in values.items() if k not in LoaderOptions.model_fields}
+    if table in _SETUP_MODELS:
+        values = {k: v for k, v in values.items() if k not in _SETUP_MODELS[table].model_fields}
     options = _check(component.options, values, table, raw, problems)
     return Chosen(component, options) if options is not None else None
 
@@ -219,6 +240,11 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
     dataset_values = _component_table(raw, "dataset", []) or {}
     loader_values = {k: v for k, v in dataset_values.items() if k in LoaderOptions.model_fields}
     loader = _check(LoaderOptions, loader_values, "dataset", raw, problems)
+    setups = {}
+    for table, setup_model in _SETUP_MODELS.items():
+        table_values = _component_table(raw, table, []) or {}
+        setup_values = {k: v for k, v in table_values.items() if k in setup_model.model_fields}
+        setups[f"{table}_setup"] = _check(setup_model, setup_values, table, raw, problems)
     sweep = _check_sweep(raw, problems)
     before = len(problems)
     callbacks = _choose_callbacks(raw, host, problems)
@@ -233,7 +259,14 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
     if problems:
         raise JobError(sorted(problems, key=lambda p: (p.file != str(raw.path), p.file, p.line or 0)))
     return ResolvedJob(
-        source=raw, loader=loader, sweep=sweep, callbacks=callbacks, metrics=metrics or {}, **host_tables, **chosen
+        source=raw,
+        loader=loader,
+        sweep=sweep,
+        callbacks=callbacks,
+        metrics=metrics or {},
+        **host_tables,
+        **chosen,
+        **setups,
     )  # type: ignore[arg-type]
 
 

@@ -232,6 +232,8 @@ MUST_MATCH = (
     "model",
     "dataset",
     "optimizer.name",
+    "optimizer.groups",  # the optimizer's state is kept per param group: other groups cannot load it
+    "optimizer.no_decay_norm_and_bias",
     "scheduler.name",
     "task.name",
     "train.batch_size",

@@ -92,24 +92,32 @@ def default_run_name(job: ResolvedJob, output_dir: Path) -> str:
     return name if len(name) <= 100 else name[:99] + "…"
 
 
-def _build(job: ResolvedJob, accelerator: Any):
-    """Dataset, task, model, optimizer and loaders, prepared; then the scheduler for the real step count."""
+def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None, resuming: bool = False):
+    """Dataset, task, model, optimizer and loaders, prepared; then the scheduler for the real step count.
+
+    The model starts from ``model.init_from`` when set (its lineage tagged on the run through
+    ``recorder``; not when ``resuming``: the checkpoint holds the weights), has ``model.freeze``'s
+    parameters frozen, and its trainable parameters are handed to the optimizer's factory as param
+    groups (``[optimizer] groups``)."""
+    from runjob.train import initialization
     from runjob.train.data_loading import make_loaders
+    from runjob.train.trained import load_data
 
     with accelerator.main_process_first():  # one process downloads, the others read its copy
-        splits = job.dataset.component.factory(job.dataset.options)
-    task = job.task.component.factory(job.task.options, splits)
-    if not isinstance(task, Task):
-        raise TrainingError(
-            f"task {job.task.name!r} (plugin {job.task.component.plugin}): its factory returned a "
-            f"{type(task).__name__}, not a runjob.Task"
-        )
+        splits, task = load_data(job)
     model = job.model.component.factory(job.model.options)
+    said = [_start_from(job, accelerator, model, recorder) if not resuming else None]
     if job.train.channels_last:
         import torch
 
         model = model.to(memory_format=torch.channels_last)
-    optimizer = job.optimizer.component.factory(model.parameters(), job.optimizer.options)
+    said.append(initialization.freeze(model, job))
+    groups, line = initialization.param_groups(model, job)
+    said.append(line)
+    if accelerator.is_main_process:
+        for line in filter(None, said):
+            print(f"runjob: {line}", flush=True)
+    optimizer = job.optimizer.component.factory(groups, job.optimizer.options)
     train_loader, val_loader, test_loader = make_loaders(splits, job, accelerator)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
     if test_loader is not None:
@@ -119,6 +127,25 @@ def _build(job: ResolvedJob, accelerator: Any):
     scheduler = job.scheduler.component.factory(optimizer, job.scheduler.options, schedule.total_steps)
     loaders = (train_loader, val_loader, test_loader)
     return splits, task, model, optimizer, scheduler, loaders, schedule
+
+
+def _start_from(job: ResolvedJob, accelerator: Any, model: Any, recorder: Recorder | None) -> str | None:
+    """``model.init_from``: load the weights it names into ``model`` and tag their lineage; the line to say."""
+    from runjob.train import initialization
+
+    if job.model_setup.init_from is None:
+        return None
+    tracking_uri = recorder.tracking_uri if recorder is not None else None
+    if accelerator.num_processes > 1:  # only the main process's recorder knows it
+        from accelerate.utils import broadcast_object_list
+
+        tracking_uri = broadcast_object_list([tracking_uri])[0]
+    if tracking_uri is None and job.model_setup.init_from.startswith("runs:/"):
+        tracking_uri = resolve_tracking_uri(job.tracking.uri)
+    line, lineage = initialization.init_from(model, job, tracking_uri)
+    if recorder is not None:
+        recorder.set_tags(lineage)
+    return line
 
 
 def run_job(
@@ -198,15 +225,14 @@ def _train(
         interval = SYSTEM_METRICS_ON_GPU if accelerator.device.type == "cuda" else 0.0
     if interval and recorder.role != "none":
         start_ms = recorder.record.start_time or recorder.start_ms
-        sampler = SystemMetricsSampler(
-            recorder.log_metrics, interval, job.launch.machine_rank, start_ms
-        ).start()
+        sampler = SystemMetricsSampler(recorder.log_metrics, interval, job.launch.machine_rank, start_ms).start()
 
     run: RunContext | None = None
     status, error = "FINISHED", None
     began = time.monotonic()
     try:
-        splits, task, model, optimizer, scheduler, loaders, schedule = _build(job, accelerator)
+        built = _build(job, accelerator, recorder, resuming=checkpoint is not None)
+        splits, task, model, optimizer, scheduler, loaders, schedule = built
         recorder.log_input(dataset_lineage(job, splits), "training")
         _record_baselines(recorder, accelerator, splits.baselines)
         train_loader, val_loader, test_loader = loaders
