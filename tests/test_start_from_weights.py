@@ -201,7 +201,7 @@ def test_validate_checks_the_new_keys_without_torch(tester):
         "runjob: job.toml:6: model.freeze: 'layer1(' is not a regular expression: missing ), unterminated subpattern "
         "at position 6 (got ['layer1('])",
         "runjob: job.toml:7: model.frezee: unknown key; did you mean 'freeze'? Accepted keys: name, cifar_stem, "
-        "num_classes, weights, zero_init_residual",
+        "freeze, init_from, num_classes, weights, zero_init_residual",
         "runjob: job.toml:12: optimizer.groups.0.momentun: unknown key. Accepted keys: lr, params, weight_decay",
     ]
 

@@ -125,7 +125,7 @@ def test_each_value_is_checked_against_the_job_before_any_trial(tmp_path, monkey
         "Input should be greater than 0 (got -1)",
         "runjob: job.toml:17: sweep.parameters.optimizer.lrr: optimizer.lrr=0.1 is refused: "
         "unknown key; did you mean 'lr'? "
-        "Accepted keys: name, betas, eps, foreach, fused, lr, weight_decay",
+        "Accepted keys: name, betas, eps, foreach, fused, groups, lr, no_decay_norm_and_bias, weight_decay",
         "runjob: job.toml:18: sweep.parameters.train.batch_size: train.batch_size=0 is refused: "
         "Input should be greater than or equal to 1 (got 0)",
     ]

@@ -104,7 +104,8 @@ def test_every_problem_is_reported_with_file_line_and_key(tmp_path, host, digits
 def test_unknown_component_option_suggests_the_right_key(contract, host):
     found = problems(contract, host, ["optimizer.learning_rate=0.1", "model.num_class=3"])
     assert any(
-        "optimizer.learning_rate: unknown key. Accepted keys: name, betas, eps, foreach, fused, lr, weight_decay" in p
+        "optimizer.learning_rate: unknown key. Accepted keys: name, betas, eps, foreach, fused, groups, lr, "
+        "no_decay_norm_and_bias, weight_decay" in p
         for p in found
     )
     assert any("model.num_class: unknown key; did you mean 'num_classes'?" in p for p in found)

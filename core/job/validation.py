@@ -164,8 +164,8 @@ def _check(
         also: tuple[str, ...] = ()
         if model is OptimizerSetup:  # its own keys are split off by name: an unknown key is inside a group
             accepted = sorted(ParamGroup.model_fields)
-        elif table in _SETUP_MODELS:  # runjob's keys are suggested for a misspelling; the list stays the component's
-            also = tuple(_SETUP_MODELS[table].model_fields)
+        elif table in _SETUP_MODELS:  # runjob's own keys of the table are accepted too
+            accepted = ["name", *sorted({*model.model_fields, *_SETUP_MODELS[table].model_fields})]
         problems.extend(_problems_from(error, table, raw, accepted, also))
         return None
 
