@@ -172,3 +172,13 @@ def test_stateful_callbacks_resume_bit_identical_after_sigkill(killer):
 
     saved = torch.load(out / "checkpoints" / "step-00000044" / "callbacks.pt", weights_only=True)
     assert saved["early_stopping"]["best"] is not None and saved["ema"]
+
+
+def test_resume_auto_needs_a_folder_that_survives_the_restart(killer):
+    for how in (("--resume", "auto"), ("--set", "train.resume=auto")):
+        result = killer.cli("job.toml", *how)
+        assert result.returncode == 2 and result.stderr_lines == [
+            "runjob: --resume auto (train.resume = 'auto') needs --output-dir DIR: a folder that survives restarts, "
+            "where the same command finds its checkpoints (e.g. runs/$SLURM_JOB_ID)"
+        ], how
+    assert not (killer.path / "runs").exists(), "nothing was started"

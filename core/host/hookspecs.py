@@ -98,7 +98,9 @@ def runjob_register_datasets(register: Register) -> None:
     the DataLoader keys (``num_workers``, ``pin_memory``, ``persistent_workers``,
     ``prefetch_factor``) to every dataset table; the options model must not declare them. Validate
     paths in the options model (e.g. with ``runjob.ExistingDir``) so a missing folder is reported
-    before anything is read.
+    before anything is read. For ``runjob predict``, set ``DatasetSplits.read_inputs`` (a path to a
+    Dataset of ``(name, input)`` items, read as the validation split is) and, for token data,
+    ``DatasetSplits.decode`` (token ids to text).
     """
 
 

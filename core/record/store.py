@@ -79,18 +79,28 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = old
 
 
-def download_job(uri: str, run_id: str, folder: Path) -> Path:
-    """Download run ``run_id``'s ``job.toml`` artifact into ``folder``; its absence is an error."""
+def download_artifact(uri: str, run_id: str, name: str, folder: Path) -> Path | None:
+    """Download artifact ``name`` (a file or folder) of run ``run_id`` into ``folder``, without
+    MLflow's progress bar; ``None`` when the run or the artifact does not exist. Any other failure
+    to read from MLflow is a one-line TrackingError naming the store."""
     from mlflow.artifacts import download_artifacts
     from mlflow.exceptions import MlflowException
 
+    folder.mkdir(parents=True, exist_ok=True)
     try:
         with _environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
-            path = download_artifacts(run_id=run_id, artifact_path="job.toml", tracking_uri=uri, dst_path=str(folder))
-    except MlflowException as error:
-        if error.error_code != "RESOURCE_DOES_NOT_EXIST":
-            raise
+            return Path(download_artifacts(run_id=run_id, artifact_path=name, tracking_uri=uri, dst_path=str(folder)))
+    except (MlflowException, OSError) as error:
+        if getattr(error, "error_code", None) == "RESOURCE_DOES_NOT_EXIST" or isinstance(error, FileNotFoundError):
+            return None
+        raise TrackingError(f"cannot read from MLflow at {uri}: {describe(error)}") from None
+
+
+def download_job(uri: str, run_id: str, folder: Path) -> Path:
+    """Download run ``run_id``'s ``job.toml`` artifact into ``folder``; its absence is an error."""
+    path = download_artifact(uri, run_id, "job.toml", folder)
+    if path is None:
         raise RunjobError(
             f"run {run_id} has no job.toml artifact: it was not made by runjob, or its job.toml is missing"
-        ) from None
-    return Path(path)
+        )
+    return path

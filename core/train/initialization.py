@@ -140,16 +140,15 @@ def fetch_source(value: str, tracking_uri: str | None, scratch: Path) -> Source:
     artifact = artifact or WEIGHTS_FILE
     if not artifact.endswith(".safetensors"):
         artifact = f"{artifact}/{WEIGHTS_FILE}"
-    from mlflow.artifacts import download_artifacts
+    from runjob.record.store import download_artifact
 
+    where = f"cannot download {artifact} of MLflow run {run_id} from {tracking_uri}"
     try:
-        local = download_artifacts(
-            run_id=run_id, artifact_path=artifact, dst_path=str(scratch), tracking_uri=tracking_uri
-        )
-    except Exception as error:  # noqa: BLE001 - an unknown run, a missing artifact, an unreachable server
-        raise RunjobError(
-            f"cannot download {artifact} of MLflow run {run_id} from {tracking_uri}: {describe(error)}"
-        ) from None
+        local = download_artifact(tracking_uri, run_id, artifact, scratch)
+    except RunjobError as error:  # an unreachable server
+        raise RunjobError(f"{where}: {error}") from None
+    if local is None:
+        raise RunjobError(f"{where}: no such run, or it has no such artifact")
     return Source(Path(local), run_id, f"{artifact} of MLflow run {run_id}")
 
 

@@ -294,7 +294,9 @@ def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: Train
     experiment = recorder.record.experiment
     look = f"runjob runs --experiment {shlex.quote(experiment)}"
     if uri.startswith(("http://", "https://")):
-        look += f"; {uri.rstrip('/')}/#/experiments/{_experiment_id(recorder)}/runs/{recorder.run_id}"
+        experiment_id = _experiment_id(recorder)
+        page = f"/#/experiments/{experiment_id}/runs/{recorder.run_id}" if experiment_id else ""
+        look += f"; {uri.rstrip('/')}{page}"
     else:
         look += f"; mlflow ui --backend-store-uri {uri}"
     if uri != resolve_tracking_uri(None):
@@ -303,13 +305,14 @@ def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: Train
     return lines
 
 
-def _experiment_id(recorder: Recorder) -> str:
+def _experiment_id(recorder: Recorder) -> str | None:
+    """The run's experiment id, for its link; None (the server's address alone) when it can't be read."""
     try:
         from mlflow import MlflowClient
 
         return MlflowClient(tracking_uri=recorder.tracking_uri).get_run(recorder.run_id).info.experiment_id
-    except Exception:  # noqa: BLE001 - only the link loses its experiment
-        return "0"
+    except Exception:  # noqa: BLE001 - the summary then gives the server's address without the run's page
+        return None
 
 
 def _recording_role(accelerator: Any) -> str:

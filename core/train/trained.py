@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import RunjobError, TrackingError, TrainingError, describe, first_line
+from runjob.errors import RunjobError, TrainingError, first_line
 from runjob.host.components import DatasetSplits, ImageTensors
 from runjob.host.run_context import RunContext
 from runjob.host.task import Task
 from runjob.job.validation import ResolvedJob, load_resolved
 from runjob.record.local import RunRecord
-from runjob.record.store import get_run, open_store, reading
+from runjob.record.store import download_artifact, get_run, open_store, reading
 from runjob.record.tracking import resolve_tracking_uri
 
 JOB_FILE = "job.toml"
@@ -115,23 +115,8 @@ def _from_mlflow(reference: str, tracking_uri: str | None, scratch: Path) -> Tra
 
 def _download(uri: str, run_id: str, name: str, folder: Path, required: bool) -> None:
     """Download artifact ``name`` of run ``run_id`` into ``folder``; a missing one is an error when ``required``."""
-    from mlflow.artifacts import download_artifacts
-    from mlflow.exceptions import MlflowException
-
-    from runjob.record.store import _environment
-
-    folder.mkdir(parents=True, exist_ok=True)
-    try:
-        with _environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
-            download_artifacts(run_id=run_id, artifact_path=name, tracking_uri=uri, dst_path=str(folder))
-    except (MlflowException, OSError) as error:
-        missing = getattr(error, "error_code", None) == "RESOURCE_DOES_NOT_EXIST" or isinstance(
-            error, FileNotFoundError
-        )
-        if not missing:
-            raise TrackingError(f"cannot read from MLflow at {uri}: {describe(error)}") from None
-        if required:
-            raise RunjobError(f"run {run_id} has no {name} artifact: it was not made by runjob") from None
+    if download_artifact(uri, run_id, name, folder) is None and required:
+        raise RunjobError(f"run {run_id} has no {name} artifact: it was not made by runjob")
 
 
 def load_job(run: TrainedRun, overrides: list[str], host: Any) -> ResolvedJob:
