@@ -19,9 +19,9 @@ class BestWeights(Callback):
     with the best ``train.best_metric`` so far (higher or lower, as the task or the callback that
     logs it declares), with ``best/best.json`` (metric, value, step) and the tags
     ``runjob.best.metric``, ``runjob.best.value`` and ``runjob.best.step``; uploaded with the run
-    when training ends. It saves at ``on_evaluation_end``, before any other callback's (so from the
-    weights as evaluated: an ``ema`` average), and sees the metrics callbacks logged during the
-    evaluation. A resumed run continues from the best recorded in the folder."""
+    once training has ended and the final weights are saved. It saves at ``on_evaluation_end``,
+    before any other callback's (so from the weights as evaluated: an ``ema`` average), and sees
+    the metrics callbacks logged during the evaluation. A resumed run continues from the best recorded in the folder."""
 
     def __init__(self, options: CallbackOptions) -> None:
         self.metric = ""
@@ -29,6 +29,7 @@ class BestWeights(Callback):
         self.value: float | None = None
         self.step: int | None = None
         self.evaluated: dict[str, float] = {}
+        self.trained = False
 
     def on_run_start(self, run: Any) -> None:
         self.metric = run.job.train.best_metric
@@ -59,9 +60,32 @@ class BestWeights(Callback):
             )
 
     def on_train_end(self, run: Any, step: int, epoch: int) -> None:
-        if self.value is not None and run.accelerator.is_main_process:
-            run.log_artifact(self.folder / "model.safetensors", "best")
-            run.log_artifact(self.folder / "best.json", "best")
+        self.trained = True
+
+    def on_run_end(self, run: Any, status: str, error: BaseException | None) -> None:
+        """Upload ``best/`` once the final weights are saved (also when the run failed after
+        training ended). Where the best weights are the final ones, byte for byte, MLflow gets only
+        ``best/best.json``, which then says ``"weights": "model.safetensors"``: the run's final
+        weights artifact, stored once (``init_from = "runs:/ID/best"`` follows it)."""
+        if self.value is None or not self.trained or not run.accelerator.is_main_process:
+            return
+        weights, final = self.folder / "model.safetensors", run.output_dir / "model.safetensors"
+        record = self.folder / "best.json"
+        state = json.loads(record.read_text(encoding="utf-8"))
+        state.pop("weights", None)  # from an earlier end of this run, before it was resumed for more
+        if final.is_file() and _same_bytes(weights, final):
+            state["weights"] = "model.safetensors"
+        else:
+            run.log_artifact(weights, "best")
+        record.write_text(json.dumps(state) + "\n", encoding="utf-8")
+        run.log_artifact(record, "best")
+
+
+def _same_bytes(a: Any, b: Any) -> bool:
+    """Whether two files hold the same bytes (a hard link of one to the other, or equal contents)."""
+    import filecmp
+
+    return a.samefile(b) or filecmp.cmp(a, b, shallow=False)
 
 
 class ThroughputOptions(CallbackOptions):

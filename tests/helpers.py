@@ -45,3 +45,12 @@ RESNET18_DIGITS = """
 """
 """The same job with the built-in ResNet-18, for tests about what that model gives (and for job
 files that are only checked, never trained)."""
+
+
+def uploaded_best(output_dir: Path) -> set[str]:
+    """What MLflow's ``best/`` of the run in ``output_dir`` holds: ``best.json``, and the best
+    weights unless ``best.json`` says they are the final ``model.safetensors`` (stored once)."""
+    import json
+
+    named = json.loads((Path(output_dir) / "best" / "best.json").read_text()).get("weights")
+    return {"best/best.json"} | (set() if named == "model.safetensors" else {"best/model.safetensors"})

@@ -6,6 +6,7 @@ parameter groups. The kit's ``tiny_cnn`` (parameters ``0.weight``, ``0.bias``: t
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,16 @@ def test_init_from_an_mlflow_run_and_a_file_with_another_head(tester, capsys):
     )
     assert from_run.mlflow.tags["runjob.init_from"] == f"runs:/{first.run_id}"
     assert from_run.mlflow.tags["runjob.init_from.run_id"] == first.run_id
+
+    # its one evaluation was the best: MLflow stores those weights once, best/best.json names them
+    assert first.mlflow.artifacts("best") == {"best/best.json"}
+    assert json.loads((first.output_dir / "best" / "best.json").read_text())["weights"] == "model.safetensors"
+    tester.write_job("from_best.toml", job_text("from_best", model=f'init_from = "runs:/{first.run_id}/best"'))
+    capsys.readouterr()
+    tester.run("from_best.toml", "tracking.offline=true", output_dir=tester.path / "from_best")
+    assert f"best/model.safetensors of MLflow run {first.run_id} (MLflow run {first.run_id}): 4 of 4" in (
+        capsys.readouterr().out
+    )
 
     # a file whose head has 12 classes: the convolution is loaded, the head keeps the fresh init
     state = weights(first.output_dir / "model.safetensors")

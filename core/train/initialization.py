@@ -9,6 +9,7 @@ one line naming the job file, the key and what would fit (a :class:`JobError`, e
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -148,8 +149,28 @@ def fetch_source(value: str, tracking_uri: str | None, scratch: Path) -> Source:
     except RunjobError as error:  # an unreachable server
         raise RunjobError(f"{where}: {error}") from None
     if local is None:
+        local = _weights_named_by_record(tracking_uri, run_id, artifact, scratch)
+    if local is None:
         raise RunjobError(f"{where}: no such run, or it has no such artifact")
     return Source(Path(local), run_id, f"{artifact} of MLflow run {run_id}")
+
+
+def _weights_named_by_record(tracking_uri: str | None, run_id: str, artifact: str, scratch: Path) -> str | None:
+    """``best/model.safetensors`` of a run whose best weights are its final ones: ``best_weights``
+    then uploads only ``best/best.json``, whose ``weights`` names the artifact that holds them."""
+    from runjob.record.store import download_artifact
+
+    folder, _, name = artifact.rpartition("/")
+    if name != WEIGHTS_FILE or not folder:
+        return None
+    record = download_artifact(tracking_uri, run_id, f"{folder}/best.json", scratch)
+    if record is None:
+        return None
+    try:
+        named = json.loads(Path(record).read_text(encoding="utf-8")).get("weights")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return download_artifact(tracking_uri, run_id, named, scratch) if isinstance(named, str) else None
 
 
 def init_from(model: Any, job: Any, tracking_uri: str | None) -> tuple[str, dict[str, str]]:
