@@ -25,8 +25,9 @@ Then, from the repository root:
 starts `mlflow server` on a free local port for that store (or use `--ui-url URL` for a UI that is
 already running), drives headless Chromium through the experiment's runs table (both runs ticked),
 the Compare view (parameters with "Show diff only" on, all metrics) and the metric charts searched
-down to val/accuracy and val/loss, and writes docs/mlflow-runs-table.png, docs/mlflow-compare.png and
-docs/mlflow-charts.png (`--out-dir` to write elsewhere). The server and browser it started are
+down to val/accuracy and val/loss, and the first run's own page (description, logged model, tags),
+and writes docs/mlflow-runs-table.png, docs/mlflow-compare.png, docs/mlflow-charts.png and
+docs/mlflow-run.png (`--out-dir` to write elsewhere). The server and browser it started are
 stopped before it exits. Written against MLflow 3.17's UI; another version may need its selectors
 adjusted.
 """
@@ -172,6 +173,17 @@ def take(ui_url: str, run_a: str, run_b: str, experiment_id: str, out_dir: Path)
             page.wait_for_timeout(3000)  # let the plots finish drawing
             path = out_dir / "mlflow-charts.png"
             page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": 640})
+            written.append(path)
+
+            # 4. The first run's own page: its description (job.description), its logged model
+            # and runjob's tags.
+            page.goto(f"{ui_url}/#/experiments/{experiment_id}/runs/{run_a}")
+            page.get_by_text("Logged models").first.wait_for(timeout=90_000)
+            close_assistant(page)
+            page.get_by_text("runjob.best.metric").first.wait_for(timeout=90_000)
+            page.wait_for_timeout(1500)
+            path = out_dir / "mlflow-run.png"
+            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": 900})
             written.append(path)
         finally:
             browser.close()

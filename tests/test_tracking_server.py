@@ -90,7 +90,7 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     run = runjob_tester.only_run("server-test", tracking_uri=mlflow_server)
     assert runjob_tester.record(out).run_id == run.run_id
     run_id, tags, params = run.run_id, run.tags, run.params
-    assert run.status == "FINISHED" and run.run_name == "complete train.max_steps=6 train.log_every=2"
+    assert run.status == "FINISHED" and run.run_name == "train.max_steps=6 train.log_every=2 · complete"
     # params: the whole resolved job, flattened
     assert params["optimizer.name"] == "sgd" and params["optimizer.lr"] == "0.05" and params["train.max_steps"] == "6"
     assert params["tracking.uri"] == mlflow_server and params["job.seed"] == "0"

@@ -52,7 +52,7 @@ def test_contract_job_learns_and_leaves_a_complete_record(runjob_tester, digits_
 
     run = runjob_tester.only_run("digits-resnet18")
     assert run.status == "FINISHED"
-    assert run.run_name == f"digits-resnet18 {out.name}", "the job's name and its folder's (the time)"
+    assert run.run_name == f"{out.name} · digits-resnet18", "its folder's name (the time), then the job's"
     params = run.params
     assert params["optimizer.lr"] == "0.001" and params["model.name"] == "resnet18"
     assert params["train.epochs"] == "3" and params["dataset.root"] == str(tmp_path / "data" / "digits")

@@ -74,7 +74,7 @@ def record_evaluation(run: Any, job: Any, args: argparse.Namespace, metrics: dic
     try:
         created = client.create_run(
             experiment_id(client, experiment),
-            run_name=f"{run.run_name or job.job.name}-evaluate-{args.split}",
+            run_name=f"evaluate {args.split} · {run.run_name or job.job.name}",
             tags=tags,
         )
         run_id = created.info.run_id

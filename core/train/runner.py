@@ -80,15 +80,16 @@ SYSTEM_METRICS_ON_GPU = 10.0  # seconds between samples, by default, on a GPU ru
 
 
 def default_run_name(job: ResolvedJob, output_dir: Path) -> str:
-    """``tracking.run_name``, else the job's name and what tells this run from its siblings: the
+    """``tracking.run_name``, else what tells this run from its siblings, then the job's name: the
     overrides it was given (a sweep trial's values; not ``tracking.*`` or ``launch.*``), else its
-    output folder's name (the time)."""
+    output folder's name (the time). The distinct part comes first because mlflow ui's runs table
+    shows only the first ~25 characters of a name."""
     if job.tracking.run_name:
         return job.tracking.run_name
     overrides = " ".join(
         redact_override(o) for o in job.source.overrides if not o.startswith(("tracking.", "launch."))
     )  # where it is recorded and how it is launched don't tell the training apart
-    name = f"{job.job.name} {overrides or output_dir.name}"
+    name = f"{overrides or output_dir.name} · {job.job.name}"
     return name if len(name) <= 100 else name[:99] + "…"
 
 
