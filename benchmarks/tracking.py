@@ -1,4 +1,4 @@
-"""Step-time overhead of logging every step to a real MLflow server.
+"""Step-time overhead of logging every step to MLflow: a real server, the local sqlite store.
 
 A local ``mlflow server`` (127.0.0.1, a free port, its own sqlite store and artifact folder in a
 temporary folder; ``--workers 1`` and MLflow's job runner off, so it is one process plus uvicorn)
@@ -13,8 +13,16 @@ server. For reference, the cost of one synchronous ``MlflowClient.log_metric`` c
 
 Note: the server runs on the same 2 cores as the training, as a local server would.
 
+``--cpu`` (issue 15) compares the **training process's CPU time per step** (``time.process_time``
+noted by the timer plugin beside each step: every thread of the training process, not the
+recording process or the server) in three modes: ``server`` and ``sqlite`` (recording on, with
+system metrics sampled every ``--system-metrics-interval`` s) against ``offline`` (no recording
+process, no sampler); with ``--baseline-python`` the same three for another checkout
+(``runjob@base``), interleaved round by round. Ratios are paired by round with 95% intervals.
+
     uv run python benchmarks/tracking.py                     # a few minutes on 2 CPU cores
     uv run python benchmarks/tracking.py --steps 200 --reps 7
+    uv run python benchmarks/tracking.py --cpu --reps 8 --steps 100 --baseline-python /tmp/base/.venv/bin/python
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ GOAL_OVERHEAD = 0.01
 def job_toml(args: argparse.Namespace, mode: str) -> str:
     total = args.warmup + args.steps
     tracking = "offline = true\n" if mode == "offline" else f'uri = "{args.uri}"\n'
+    if mode == "sqlite":
+        tracking = f'uri = "sqlite:///{Path(args.work) / "store.db"}"\n'
+    if args.cpu:
+        tracking += f"system_metrics_interval = {args.system_metrics_interval if mode != 'offline' else 0}\n"
     return f"""
 [job]
 name = "bench-tracking"
@@ -86,13 +98,14 @@ def worker(args: argparse.Namespace) -> dict:
 
     result = {
         "step_times": runjob_bench_timer.STEP_TIMES,
+        "cpu_times": runjob_bench_timer.CPU_TIMES,
         "end_after_last_step_s": time.perf_counter() - runjob_bench_timer.STEP_TIMES[-1],
     }
-    if args.worker == "online":
+    if args.worker in ("online", "server"):
         from mlflow import MlflowClient
 
         record = json.loads((out / "mlflow_run.json").read_text())
-        history = MlflowClient(args.uri).get_metric_history(record["run_id"], "train/loss")
+        history = MlflowClient(record["tracking_uri"]).get_metric_history(record["run_id"], "train/loss")
         result["server_loss_points"] = len(history)
         result["unsynced"] = record.get("unsynced")
     return result
@@ -136,7 +149,10 @@ def main() -> int:
         "--calls-only", action="store_true", help="only the synchronous-call reference (prints it; writes no JSON)"
     )
     parser.add_argument("--json", type=Path, help="where to write the raw numbers (default benchmarks/tracking.json)")
-    parser.add_argument("--worker", choices=["online", "offline"], help=argparse.SUPPRESS)
+    parser.add_argument("--cpu", action="store_true", help="the training process's CPU time per step (see above)")
+    parser.add_argument("--system-metrics-interval", type=float, default=10.0, help="with --cpu, for server and sqlite")
+    parser.add_argument("--baseline-python", help="with --cpu: the python of another checkout, as runjob@base")
+    parser.add_argument("--worker", choices=["online", "offline", "server", "sqlite"], help=argparse.SUPPRESS)
     parser.add_argument("--uri", help=argparse.SUPPRESS)
     parser.add_argument("--plugin-root", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -144,6 +160,8 @@ def main() -> int:
     if args.worker:
         common.emit(worker(args))
         return 0
+    if args.cpu:
+        return cpu_main(args)
 
     info = common.machine()
     common.print_machine(info)
@@ -281,6 +299,74 @@ def main() -> int:
         {"machine": info, "settings": settings, "raw": results, "sync_calls": calls, "summary": summary},
         args.json,
     )
+    print(f"raw numbers: {path}")
+    return 0
+
+
+def cpu_main(args: argparse.Namespace) -> int:
+    """Training-process CPU time per step, recording on (server, sqlite) and off, paired by round."""
+    info = common.machine()
+    common.print_machine(info)
+    modes = ["server", "sqlite", "offline"]
+    pythons = {"runjob": sys.executable, **({"runjob@base": args.baseline_python} if args.baseline_python else {})}
+    contestants = [(who, mode) for who in pythons for mode in modes]
+    raw: dict[str, list[dict]] = {f"{who} {mode}": [] for who, mode in contestants}
+    loads = []
+    with tempfile.TemporaryDirectory(prefix="runjob-bench-tracking-") as tmp:
+        work = Path(tmp)
+        plugin_root = common.make_timer_plugin(work / "plugin")
+        with running_mlflow_server(work / "server") as uri:
+            env = {**os.environ, "PYTHONUNBUFFERED": "1", **common.thread_env(args.threads)}
+            for rep in range(args.reps):
+                loads.append(common.load_now())
+                order = contestants if rep % 2 == 0 else contestants[::-1]
+                for who, mode in order:
+                    command = [str(Path(__file__).resolve()), "--worker", mode, "--uri", uri, "--cpu"]
+                    command += ["--system-metrics-interval", str(args.system_metrics_interval)]
+                    command += ["--plugin-root", str(plugin_root), "--work", str(work), "--steps", str(args.steps)]
+                    command += ["--warmup", str(args.warmup), "--batch", str(args.batch)]
+                    command += ["--image-size", str(args.image_size)]
+                    answer = common.run_worker(command, env=env, python=pythons[who])
+                    measured = {
+                        **common.steady_rate(answer["step_times"], args.warmup, args.batch),
+                        **common.steady_cpu(answer["cpu_times"], args.warmup),
+                        "server_loss_points": answer.get("server_loss_points"),
+                        "unsynced": answer.get("unsynced"),
+                    }
+                    raw[f"{who} {mode}"].append(measured)
+                print(
+                    f"round {rep + 1}/{args.reps} load {loads[-1]}: "
+                    + "  ".join(f"{name} {runs[-1]['cpu_ms_per_step']:.1f} CPU ms" for name, runs in raw.items()),
+                    flush=True,
+                )
+    info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    rows, summary = [], {}
+    for who in pythons:
+        base = raw[f"{who} offline"]
+        for mode in modes:
+            runs = raw[f"{who} {mode}"]
+            cpu = common.paired_ratio([r["cpu_ms_per_step"] for r in runs], [r["cpu_ms_per_step"] for r in base])
+            wall = common.paired_ratio([r["median_step_ms"] for r in runs], [r["median_step_ms"] for r in base])
+            summary[f"{who} {mode}"] = {"cpu_vs_offline": cpu, "wall_vs_offline": wall}
+            rows.append(
+                [
+                    f"{who} {mode}",
+                    common.median([r["cpu_ms_per_step"] for r in runs]),
+                    common.median([r["median_step_ms"] for r in runs]),
+                    f"{cpu['paired']:.4f} ({cpu['low']:.4f}-{cpu['high']:.4f})",
+                    f"{wall['paired']:.4f} ({wall['low']:.4f}-{wall['high']:.4f})",
+                ]
+            )
+    print()
+    print(
+        f"ResNet-18 {args.image_size}x{args.image_size}, batch {args.batch}, log_every 1, system metrics every "
+        f"{args.system_metrics_interval:g} s when recording; {args.steps} timed steps after {args.warmup}, "
+        f"{args.reps} rounds; loads {loads}, at end {info['load_avg_end']}"
+    )
+    header = ["contestant", "CPU ms/step", "wall ms/step", "CPU vs offline (95% CI)", "wall vs offline (95% CI)"]
+    print(common.table(rows, header))
+    data = {"machine": info, "settings": vars(args), "raw": raw, "loads": loads, "summary": summary}
+    path = common.write_json("tracking_cpu", data, args.json)
     print(f"raw numbers: {path}")
     return 0
 

@@ -105,7 +105,7 @@ def test_early_stopping_ends_the_run_finished_with_its_models(watched):
     assert run.tags["runjob.stopped"].startswith("early_stopping: val/loss did not improve on")
     assert run.tags["runjob.stopped.step"] == "88", "two evaluations: the first sets the best, the second waits"
     assert run.steps("val/loss") == [44, 88]
-    assert "model.safetensors" in run.artifacts()
+    assert run.models() == {"model"}, "the final weights, in the logged model"
     assert run.artifacts("best") == uploaded_best(run.tags["runjob.output_dir"])
     assert "runjob: stopping at step 88: early_stopping" in result.stdout
 

@@ -120,7 +120,7 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     assert data.dataset.name == "digits" and len(data.dataset.digest) >= 8
     assert json.loads(data.dataset.profile) == {"train_samples": 1438, "val_samples": 359, "num_classes": 10}
     # artifacts: the resolved job, where each value came from, final weights, best weights, the MLflow model
-    assert {"job.toml", "job_sources.json", "model.safetensors", "best"} <= run.artifacts()
+    assert {"job.toml", "job_sources.json", "best"} <= run.artifacts()
     assert run.models() == {"model"}, "the MLflow model is the run's logged model (MLflow 3's Logged models)"
     folder = tmp_path / "downloaded"
     sources = json.loads(run.download("job_sources.json", folder).read_text())
@@ -136,14 +136,16 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     previous_uri = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(mlflow_server)
     try:
-        logged = mlflow.pytorch.load_model(f"runs:/{run_id}/model")
+        logged = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
     finally:
         mlflow.set_tracking_uri(previous_uri)
     reference = torchvision.models.resnet18(num_classes=10)
     reference.load_state_dict(load_file(out / "model.safetensors"))
     images = torch.randn(4, 3, 16, 16)
     with torch.no_grad():
-        assert torch.equal(logged.eval()(images), reference.eval()(images))
+        expected = reference.eval()(images)
+        assert torch.equal(logged.unwrap_python_model().model(images), expected), "the module, with the final weights"
+    assert logged.predict(images.numpy()) == pytest.approx(expected.numpy()), "predict: arrays in, outputs out"
 
 
 def test_server_down_at_start_is_an_error_unless_offline_and_sync_uploads_later(tester, empty_mlflow_db):
@@ -182,7 +184,7 @@ def test_server_down_at_start_is_an_error_unless_offline_and_sync_uploads_later(
         assert run.params["train.max_steps"] == "4" and run.tags["runjob.version"] == "0.1.0"
         assert server_points(run, local_points(out)) == local_points(out)
         assert run.steps("train/loss") == [1, 2, 3, 4]
-        assert {"job.toml", "job_sources.json", "model.safetensors"} <= run.artifacts() and run.models() == {"model"}
+        assert {"job.toml", "job_sources.json"} <= run.artifacts() and run.models() == {"model"}
         assert run.inputs[0].dataset.name == "digits"
 
 
@@ -238,5 +240,5 @@ def test_server_lost_mid_run_training_goes_on_and_sync_restores_every_point(test
         run = run.reload()
         assert run.status == "FINISHED"
         assert server_points(run, local_points(out)) == local_points(out)
-        assert {"job.toml", "model.safetensors", "best"} <= run.artifacts() and run.models() == {"model"}
+        assert {"job.toml", "best"} <= run.artifacts() and run.models() == {"model"}
         assert "unsynced" not in tester.record(out).record

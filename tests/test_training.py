@@ -72,7 +72,7 @@ def test_contract_job_learns_and_leaves_a_complete_record(runjob_tester, digits_
     assert set(record.local_history("val/accuracy")) == set(accuracy)
     assert len(record.local_history("train/loss")) == len(losses)
 
-    assert {"job.toml", "model.safetensors"} <= run.artifacts()
+    assert "job.toml" in run.artifacts() and run.models() == {"model"}, "the final weights are in the logged model"
     # the saved weights are the trained model: evaluated independently, they score what was logged
     assert evaluate_saved_weights(out / "model.safetensors", digits_folder / "val") == pytest.approx(
         accuracy[-1][1], abs=1e-6
@@ -212,6 +212,14 @@ def test_unreadable_image_is_named(tester):
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"runjob: cannot read image {tester.path / 'imgs' / 'train' / 'class0' / 'broken.png'}" in result.stderr
     assert "Traceback" not in result.stderr
+
+    # as a command of its own: the recording process (MLflow's side of the run) is told to end, not
+    # left waiting for its pipe to close while the failed DataLoader's worker still holds a copy
+    ended = tester.cli_subprocess(
+        "job.toml", "--set", "train.batch_size=7", "--set", "dataset.num_workers=1", "--output-dir", "sub", timeout=120
+    )
+    assert ended.returncode == 2 and "broken.png" in ended.stderr, ended.stderr[-2000:]
+    assert tester.record(tester.path / "sub").record["status"] == "FAILED"
 
 
 def test_images_of_different_sizes_get_advice(tester):

@@ -141,9 +141,12 @@ class TrackingTable(Options):
     on a CPU-only one, where they would be 8 of its 15 metrics (disk, network, memory) in MLflow's
     compare and chart views, next to 7 of its own."""
     """Seconds between MLflow system-metric samples (CPU, memory, GPU) on each machine; 0 turns them off."""
-    log_model: Literal["pickle", "pt2", "none"] = "pickle"
-    """How the final model is logged as an MLflow model: the pickled module (any model; loading needs its
-    code importable), a ``torch.export`` program (loads without the code; the model must export), or not."""
+    log_model: Literal["weights", "pickle", "pt2", "none"] = "weights"
+    """How the final model is logged as an MLflow model: its safetensors weights and job, rebuilt
+    through runjob when loaded (``mlflow.pyfunc.load_model``; written without torch, so the end of a
+    run does not wait on torch's import), the pickled module (``mlflow.pytorch.load_model``; loading
+    needs its code importable), a ``torch.export`` program (loads without the code; the model must
+    export), or not at all."""
 
 
 class LoaderOptions(Options):

@@ -484,3 +484,15 @@ def _flatten_parameters(table: dict[str, Any]) -> dict[str, Any]:
 def load_resolved(path: str | Path, overrides: list[str] | tuple[str, ...], host: PluginHost) -> ResolvedJob:
     """Read ``path`` with ``overrides`` and check it completely; raises JobError."""
     return resolve(load_job(path, overrides), host)
+
+
+def load_model_table(path: str | Path, host: PluginHost) -> Chosen:
+    """Only the ``[model]`` table of the job in ``path``, checked: enough to build the model
+    where the rest of the job (its data, above all) is not at hand, as when a logged MLflow model
+    is loaded on another machine. Raises JobError."""
+    raw = load_job(path, [])
+    problems: list[Problem] = []
+    chosen = _choose(raw, host, "model", problems)
+    if chosen is None:
+        raise JobError(problems)
+    return chosen

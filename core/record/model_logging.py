@@ -16,9 +16,19 @@ from runjob.errors import TrainingError, first_line
 MODEL_FOLDER = "mlflow_model"
 
 
-def save_mlflow_model(job: Any, output_dir: Path, example: Any) -> Path:
+def save_mlflow_model(job: Any, output_dir: Path, example: Any, host: Any = None) -> Path:
     """Write the MLflow model of the run's final weights to ``OUTPUT_DIR/mlflow_model``;
-    ``example`` is a batch of two inputs as the model sees them (a CPU tensor), for the input example."""
+    ``example`` is a batch of two inputs as the model sees them (a CPU tensor), for the input
+    example of a ``pt2`` model. ``host``: the plugins, to name the model's distribution for a
+    ``weights`` model (built without torch)."""
+    if job.tracking.log_model == "weights":
+        from runjob.record.trained_model import requirements_of, save_trained_model
+
+        folder = output_dir / MODEL_FOLDER
+        shutil.rmtree(folder, ignore_errors=True)
+        plugin = next((p for p in (host.plugins if host else []) if p.name == job.model.component.plugin), None)
+        names = ["torch", "runjob-train", "safetensors", *([plugin.distribution] if plugin else [])]
+        return save_trained_model(folder, output_dir, requirements_of(names))
     import mlflow.pytorch
     import torch
     from accelerate.utils import load_checkpoint_in_model

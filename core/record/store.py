@@ -89,11 +89,42 @@ def download_artifact(uri: str, run_id: str, name: str, folder: Path) -> Path | 
     folder.mkdir(parents=True, exist_ok=True)
     try:
         with _environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
-            return Path(download_artifacts(run_id=run_id, artifact_path=name, tracking_uri=uri, dst_path=str(folder)))
+            try:
+                return Path(
+                    download_artifacts(run_id=run_id, artifact_path=name, tracking_uri=uri, dst_path=str(folder))
+                )
+            except (MlflowException, FileNotFoundError) as missing:
+                if name != FINAL_WEIGHTS or not _missing(missing):
+                    raise
+                return _logged_model_weights(uri, run_id, folder)
     except (MlflowException, OSError) as error:
-        if getattr(error, "error_code", None) == "RESOURCE_DOES_NOT_EXIST" or isinstance(error, FileNotFoundError):
+        if _missing(error):
             return None
         raise TrackingError(f"cannot read from MLflow at {uri}: {describe(error)}") from None
+
+
+FINAL_WEIGHTS = "model.safetensors"
+
+
+def _missing(error: BaseException) -> bool:
+    return getattr(error, "error_code", None) == "RESOURCE_DOES_NOT_EXIST" or isinstance(error, FileNotFoundError)
+
+
+def _logged_model_weights(uri: str, run_id: str, folder: Path) -> Path | None:
+    """The final weights of a run whose logged model holds them (``tracking.log_model =
+    "weights"``: stored there once, not also as the run's own ``model.safetensors``)."""
+    from mlflow import MlflowClient
+    from mlflow.artifacts import download_artifacts
+
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_run(run_id).info.experiment_id
+    found = client.search_logged_models(
+        [experiment], filter_string=f"source_run_id = '{run_id}' AND name = 'model'", max_results=1
+    )
+    if not found:
+        return None
+    location = f"{found[0].artifact_location.rstrip('/')}/artifacts/{FINAL_WEIGHTS}"
+    return Path(download_artifacts(artifact_uri=location, tracking_uri=uri, dst_path=str(folder)))
 
 
 def download_job(uri: str, run_id: str, folder: Path) -> Path:

@@ -26,6 +26,7 @@ from typing import Any
 from runjob.errors import TrackingError, describe
 from runjob.job.keys import flat, value_text
 from runjob.record.local import METRICS_FILE, MetricsWriter, RunRecord, now_ms
+from runjob.record.model_logging import MODEL_FOLDER
 
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
@@ -211,7 +212,12 @@ class Uploader:
 
 class Recorder:
     """The run's record. ``role`` is "main" (the run), "node" (another machine's system metrics,
-    written to ``metrics.node<rank>.jsonl``) or "none"."""
+    written to ``metrics.node<rank>.jsonl``) or "none".
+
+    It writes the local record itself and hands MLflow's half to the recording process
+    (:class:`runjob.record.mirror.Mirror`), so this process never imports MLflow: the run is
+    created there while the data and model are built here, and :meth:`opened` is where the two
+    meet before training begins."""
 
     def __init__(self, output_dir: Path, role: str = "main", machine_rank: int = 0) -> None:
         self.output_dir = output_dir
@@ -219,11 +225,16 @@ class Recorder:
         self.machine_rank = machine_rank
         self.run_id: str | None = None
         self.tracking_uri: str | None = None
+        self.experiment_id: str | None = None
+        self.default_tracking_uri: str | None = None  # MLflow's default here (what `runjob runs` reads)
         self.start_ms: int | None = None  # when the run began (all processes)
         self.record = RunRecord()
         self._metrics: MetricsWriter | None = None
-        self._client = None
-        self._uploader: Uploader | None = None
+        self._mirror: Any = None
+        self._mirroring = False  # MLflow gets the record (not offline, not given up)
+        self._began_offline = False
+        self._disabled: dict[str, str] = {}
+        self._lock = threading.Lock()
 
     @property
     def active(self) -> bool:
@@ -231,7 +242,7 @@ class Recorder:
 
     @property
     def online(self) -> bool:
-        return self._uploader is not None
+        return self._mirroring
 
     def start(
         self,
@@ -243,16 +254,17 @@ class Recorder:
         tags: dict[str, str],
         tracking_uri: str | None = None,
         resuming: bool = False,
-    ) -> str | None:
-        """Write the local record and create the MLflow run with its params and tags; a resumed run
-        reopens its MLflow run (adding the tags). ``tracking_uri``: where to record (default
-        ``$MLFLOW_TRACKING_URI``, else MLflow's default). Returns the run id (``None`` when offline)."""
+        disabled: dict[str, str] | None = None,
+    ) -> None:
+        """Write the local record and start the recording process, which creates the MLflow run
+        with its params and tags (a resumed run's is reopened, with the tags added) while this
+        process goes on; :meth:`opened` waits for it. ``tracking_uri``: where to record (default
+        ``$MLFLOW_TRACKING_URI``, else MLflow's default, which the recording process resolves).
+        ``disabled``: the plugins the run was given without, for rebuilding its model there."""
         if self.role != "main":
-            return None
-        from mlflow import MlflowClient
-        from mlflow.entities import Param, RunTag
-
-        self.tracking_uri = resolve_tracking_uri(tracking_uri)
+            return
+        self._disabled = dict(disabled or {})
+        self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
         previous = RunRecord.read(self.output_dir) if resuming else None
         self.record = previous or RunRecord(
             tracking_uri=self.tracking_uri,
@@ -265,75 +277,88 @@ class Recorder:
         self.record.tags.update(tags)
         self._metrics = MetricsWriter(self.output_dir / METRICS_FILE)
         self.run_id = self.record.run_id
-        if tracking.offline:
-            self._save()
+        self._began_offline = previous is not None and previous.run_id is None and not tracking.offline
+        if not tracking.offline and self.tracking_uri:
+            check_reachable(self.tracking_uri)  # a server that is not there: said now, before anything is built
+        self._save()
+        if tracking.offline and tracking.log_model == "none":
+            return
+        from runjob.record.mirror import Mirror
+
+        self._mirror = Mirror(
+            {
+                "output_dir": str(self.output_dir),
+                "tracking_uri": self.tracking_uri,
+                "offline": bool(tracking.offline),
+                "role": "main",
+                "run_id": self.run_id,
+                "experiment": self.record.experiment,
+                "run_name": self.record.run_name,
+                "start_time": self.record.start_time,
+                "tags": dict(self.record.tags),
+                "params": self.record.params,
+                "log_params": self.run_id is None,
+                "log_model": tracking.log_model,
+                "disabled": self._disabled,
+            }
+        )
+        self._mirroring = not tracking.offline
+
+    def opened(self, timeout: float = FINAL_UPLOAD_TIMEOUT_S) -> str | None:
+        """Wait until the recording process has the MLflow run; returns its id (None offline).
+        A run MLflow refuses (a deleted experiment, a store that cannot be written) is the
+        TrackingError it was before anything trained."""
+        if self._mirror is None or not self.active:
             return self.run_id
-        check_reachable(self.tracking_uri)
-        self._client = client = MlflowClient(tracking_uri=self.tracking_uri)
-        created = self.run_id is None
-        try:
-            if created:
-                run = client.create_run(
-                    experiment_id(client, experiment),
-                    start_time=self.record.start_time,
-                    tags=tags,
-                    run_name=run_name,
-                )
-                self.run_id = self.record.run_id = run.info.run_id
-                self.record.tracking_uri = self.tracking_uri
-            else:
-                client.update_run(self.run_id, status="RUNNING")
-            self._save()
-            client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-            if created:  # a resumed run logged its params when it began; changes are in the tags
-                items = [Param(k, v) for k, v in self.record.params.items()]
-                for first in range(0, len(items), 100):  # MLflow takes 100 params a call
-                    client.log_batch(self.run_id, params=items[first : first + 100])
-        except TrackingError:
-            raise
-        except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
-            if self.run_id:
-                self._terminate_quietly("FAILED")
+        started = self._mirror.reply("started", timeout, also="error")
+        error = self._mirror.reply("error", 0)
+        if started is None:
+            self._mirroring = False
+            self._mirror.close(30)
+            self._mirror = None
             raise TrackingError(
-                f"cannot record the run to MLflow at {self.tracking_uri} (tracking.uri): {describe(error)}"
-            ) from None
-        self._uploader = self._new_uploader()
-        if created and previous:
-            print(
-                f"runjob: the run began offline; `runjob sync {self.output_dir}` uploads what it recorded before this "
-                "resume",
-                flush=True,
+                error
+                or f"the recording process did not open the MLflow run within {timeout:.0f} s; record with "
+                "tracking.offline = true and upload later with `runjob sync OUTPUT_DIR`"
             )
+        self.tracking_uri = started["tracking_uri"]
+        self.experiment_id = started.get("experiment_id")
+        self.default_tracking_uri = started.get("default_uri")
+        if self._mirroring:
+            self.run_id = started["run_id"]
+            with self._lock:
+                self.record.run_id, self.record.tracking_uri = self.run_id, self.tracking_uri
+            self._save()
+            if self._began_offline:
+                print(
+                    f"runjob: the run began offline; `runjob sync {self.output_dir}` uploads what it recorded before "
+                    "this resume",
+                    flush=True,
+                )
         return self.run_id
 
     def join(self, run_id: str | None, tracking_uri: str | None, offline: bool) -> None:
         """On another machine's first process: record system metrics into the main process's run."""
         if self.role != "node":
             return
-        from mlflow import MlflowClient
-
         self.run_id, self.tracking_uri = run_id, tracking_uri
         self._metrics = MetricsWriter(self.output_dir / f"metrics.node{self.machine_rank}.jsonl")
         if run_id and not offline:
-            bound_http_retries()
-            self._client = MlflowClient(tracking_uri=tracking_uri)
-            self._uploader = self._new_uploader()
+            from runjob.record.mirror import Mirror
 
-    def _new_uploader(self) -> Uploader:
-        return Uploader(lambda metrics: self._client.log_batch(self.run_id, metrics=metrics))
+            start = {"output_dir": str(self.output_dir), "tracking_uri": tracking_uri, "role": "node", "run_id": run_id}
+            self._mirror = Mirror(start)
+            self._mirroring = True
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Record ``metrics`` at ``step``: a line each in the metrics file, one batched MLflow call."""
+        """Record ``metrics`` at ``step``: a line each in the metrics file, and to the recording process."""
         if self._metrics is None:
             return
         timestamp = now_ms()
         self._metrics.write(metrics, step, timestamp)
-        if self.online:
-            from mlflow.entities import Metric
-
-            self._uploader.submit_metrics(
-                [Metric(key, float(value), timestamp, step) for key, value in metrics.items()], step
-            )
+        if self._mirroring:
+            points = [{"key": k, "value": float(v), "step": step, "timestamp": timestamp} for k, v in metrics.items()]
+            self._mirror.send({"metrics": points})
 
     def log_training_metrics(self, metrics: dict[str, float], step: int) -> None:
         """The loop's metrics: the same on every process, so recorded by the main one only."""
@@ -343,25 +368,63 @@ class Recorder:
     def set_tags(self, tags: dict[str, str]) -> None:
         if not self.active:
             return
-        from mlflow.entities import RunTag
-
-        self.record.tags.update(tags)
+        tags = {str(k): str(v) for k, v in tags.items()}
+        with self._lock:
+            self.record.tags.update(tags)
         self._save()
-        if self.online:
-            entities = [RunTag(k, str(v)) for k, v in tags.items()]
-            self._uploader.submit(lambda: self._client.log_batch(self.run_id, tags=entities), "tags")
+        if self._mirroring:
+            self._mirror.send({"tags": tags})
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Record the file or folder ``path`` (inside the output folder) as an artifact."""
         if not self.active:
             return
         relative = str(path.relative_to(self.output_dir))
-        if self.record.add_artifact(relative, artifact_path):
+        with self._lock:
+            added = self.record.add_artifact(relative, artifact_path)
+        if added:
             self._save()
-        if self.online:
-            self._uploader.submit(
-                lambda: upload_artifact(self._client, self.run_id, path, artifact_path), f"artifact {relative}"
-            )
+        if self._mirroring:
+            self._mirror.send({"artifact": {"path": relative, "artifact_path": artifact_path}})
+
+    def log_model(self, example: Any = None) -> None:
+        """Have the recording process build the run's MLflow model from the saved final weights
+        (``OUTPUT_DIR/mlflow_model``) and log it as the run's logged model; ``example`` is a batch
+        of two inputs as the model sees them (for ``pickle`` and ``pt2``; a ``weights`` model needs
+        none). :meth:`model_logged` waits for it."""
+        if not self.active or self._mirror is None:
+            return
+        name = ""
+        if example is not None:
+            import tempfile
+
+            import torch
+
+            handle, name = tempfile.mkstemp(prefix="runjob-example-", suffix=".pt")
+            os.close(handle)
+            torch.save(example, name)
+        self._example = Path(name) if name else None
+        with self._lock:
+            added = self.record.add_artifact(MODEL_FOLDER, MODEL_ARTIFACT)
+        if added:
+            self._save()
+        self._mirror.send({"model": {"example": name, "disabled": self._disabled}})
+
+    def model_logged(self, timeout: float = FINAL_UPLOAD_TIMEOUT_S) -> None:
+        """Wait for the MLflow model :meth:`log_model` asked for; one that could not be built is a
+        TrainingError (the weights are in model.safetensors)."""
+        if self._mirror is None or not hasattr(self, "_example"):
+            return
+        answer = self._mirror.reply("model", timeout)
+        if self._example is not None:
+            self._example.unlink(missing_ok=True)
+        del self._example
+        if answer is None:
+            self._give_up("the MLflow model: the recording process stopped")
+        elif "error" in answer:
+            from runjob.errors import TrainingError
+
+            raise TrainingError(answer["error"])
 
     def log_input(self, dataset: dict[str, str], context: str) -> None:
         """Record dataset lineage (name, digest, source) as an MLflow input of the run."""
@@ -369,10 +432,11 @@ class Recorder:
             return
         entry = {**dataset, "context": context}
         if entry not in self.record.inputs:
-            self.record.inputs.append(entry)
+            with self._lock:
+                self.record.inputs.append(entry)
             self._save()
-        if self.online:
-            self._uploader.submit(lambda: log_inputs(self._client, self.run_id, [entry]), f"dataset {dataset['name']}")
+        if self._mirroring:
+            self._mirror.send({"input": entry})
 
     def end(self, status: str, error: BaseException | None = None) -> None:
         """Close the run as FINISHED, FAILED or KILLED, after everything queued has been sent."""
@@ -384,34 +448,38 @@ class Recorder:
                 self.set_tags({"runjob.error": describe(error)[:5000]})
             self.record.status, self.record.end_time = status, now_ms()
             self._save()
-            if self.online:
-                end_time = self.record.end_time
-                self._uploader.submit(
-                    lambda: self._client.set_terminated(self.run_id, status, end_time), "the run's end"
-                )
-        if not self.online:
+            if self._mirroring:
+                self._mirror.send({"end": {"status": status, "end_time": self.record.end_time}})
+        if self._mirror is None:
             return
-        sent = self._uploader.close(FINAL_UPLOAD_TIMEOUT_S)
-        if not sent and self.active:
-            reason = self._uploader.failure or f"still sending after {FINAL_UPLOAD_TIMEOUT_S:.0f} s"
-            self.record.unsynced = f"{self._uploader.failed_at or 'upload'}: {reason}"
-            self._save()
-            print(
-                f"runjob: MLflow at {self.tracking_uri} stopped taking the run's record ({self.record.unsynced}); "
-                f"training went on and the record is complete in {self.output_dir}: upload it with "
-                f"`runjob sync {self.output_dir}`",
-                flush=True,
+        mirror, self._mirror = self._mirror, None
+        ended = mirror.close(FINAL_UPLOAD_TIMEOUT_S)
+        if not self._mirroring or not self.active:
+            return
+        if ended is None or not ended.get("sent"):
+            reason = (
+                (ended or {}).get("failure")
+                or mirror.lost
+                or (f"still sending after {FINAL_UPLOAD_TIMEOUT_S:.0f} s" if ended is None else "not sent")
             )
+            self._give_up(f"{(ended or {}).get('failed_at') or 'upload'}: {reason}")
+
+    def _give_up(self, what: str) -> None:
+        """MLflow is missing part of the record: note why, and say how to send it."""
+        self._mirroring = False
+        self.record.unsynced = self.record.unsynced or what
+        self._save()
+        print(
+            f"runjob: MLflow at {self.tracking_uri} stopped taking the run's record ({self.record.unsynced}); "
+            f"training went on and the record is complete in {self.output_dir}: upload it with "
+            f"`runjob sync {self.output_dir}`",
+            flush=True,
+        )
 
     def _save(self) -> None:
         if self.active:
-            self.record.write(self.output_dir)
-
-    def _terminate_quietly(self, status: str) -> None:
-        try:
-            self._client.set_terminated(self.run_id, status)
-        except Exception:  # noqa: BLE001 - already reporting the error that matters
-            pass
+            with self._lock:
+                self.record.write(self.output_dir)
 
 
 MODEL_ARTIFACT = "model"

@@ -82,14 +82,31 @@ def run(
     else:
         if job.sweep is not None and SWEEP_TRIAL_TAG not in tags:
             print(f"runjob: {sweep_note('this trains the base job as written')}", file=sys.stderr)
+        output_dir = output_dir if resume else choose_output_dir(job.job.name, output_dir)
+        print(first_line(job, output_dir, resume), flush=True)
         if launch.num_processes > 1 or launch.num_machines > 1:
-            output_dir = output_dir if resume else choose_output_dir(job.job.name, output_dir)
             worker = run_arguments(job_file, overrides, output_dir, resume, tags, tracking_uri)
             code = launch_workers(launch, worker, output_dir)
             return RunOutcome(code, output_dir, run_id_in(output_dir))
     from runjob.train.runner import run_job
 
     return run_job(job, host, output_dir=output_dir, resume=resume, tags=tags, tracking_uri=tracking_uri)
+
+
+def first_line(job: ResolvedJob, output_dir: Path | None, resume: Any) -> str:
+    """What the run will do and where its output goes: said before torch is imported (the time
+    to the first line is the time to validate the job, well under a second)."""
+    train = job.train
+    length = " or ".join(
+        part
+        for part in (
+            f"{train.epochs} epoch(s)" if train.epochs else "",
+            f"{train.max_steps} step(s)" if train.max_steps else "",
+        )
+        if part
+    )  # whichever ends first
+    where = f"resuming in {output_dir or resume}" if resume else f"output in {output_dir}"
+    return f"runjob: {job.job.name}: {job.model.name} on {job.dataset.name} ({job.task.name}), {length}; {where}"
 
 
 def run_arguments(

@@ -169,6 +169,9 @@ def run_job(
     try:
         return _train(job, host, output_dir, resume, tags or {}, tracking_uri)
     finally:
+        from runjob.record.mirror import discard_prestarted
+
+        discard_prestarted()  # the run stopped before its record began
         if threading.current_thread() is threading.main_thread():
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
@@ -183,6 +186,7 @@ def _train(
     tags: dict[str, str],
     tracking_uri: str | None,
 ) -> RunOutcome:
+    _prestart_recording(job)
     from accelerate.utils import set_seed
 
     plan = job.strategy.component.factory(job.strategy.options)
@@ -206,34 +210,35 @@ def _train(
     recorder = _start_record(job, host, accelerator, output_dir, checkpoint is not None, tags, tracking_uri)
     if checkpoint is not None:
         recorder.set_tags({f"runjob.resumed.step_{saved['step']}": "; ".join(changes) or "no changes"})
-    run_id = recorder.run_id
-    if accelerator.is_main_process:
-        resumed = f", resuming {checkpoint.name}" if checkpoint is not None else ""
-        where = (
-            f", MLflow run {run_id}"
-            if run_id and recorder.online
-            else ", recording offline (upload later with `runjob sync`)"
-            if job.tracking.offline
-            else ""
-        )
-        print(
-            f"runjob: {job.job.name}: {accelerator.num_processes} process(es) on {accelerator.device.type}, output in "
-            f"{output_dir}{where}{resumed}"
-        )
     sampler = None
     interval = job.tracking.system_metrics_interval
     if interval is None:  # GPU runs: utilisation and memory earn their place; a CPU run's would crowd its own
         interval = SYSTEM_METRICS_ON_GPU if accelerator.device.type == "cuda" else 0.0
-    if interval and recorder.role != "none":
-        start_ms = recorder.record.start_time or recorder.start_ms
-        sampler = SystemMetricsSampler(recorder.log_metrics, interval, job.launch.machine_rank, start_ms).start()
-
+    if interval and recorder.role == "main":  # from the start, so the data's loading shows
+        sampler = SystemMetricsSampler(
+            recorder.log_metrics, interval, job.launch.machine_rank, recorder.record.start_time
+        )
+        sampler.start()
     run: RunContext | None = None
     status, error = "FINISHED", None
     began = time.monotonic()
     try:
         built = _build(job, accelerator, recorder, resuming=checkpoint is not None)
         splits, task, model, optimizer, scheduler, loaders, schedule = built
+        run_id = _open_record(recorder, accelerator, job)
+        if accelerator.is_main_process:
+            resumed = f", resuming {checkpoint.name}" if checkpoint is not None else ""
+            where = (
+                f", MLflow run {run_id}"
+                if run_id and recorder.online
+                else ", recording offline (upload later with `runjob sync`)"
+                if job.tracking.offline
+                else ""
+            )
+            print(f"runjob: {accelerator.num_processes} process(es) on {accelerator.device.type}{where}{resumed}")
+        if interval and recorder.role == "node":
+            sampler = SystemMetricsSampler(recorder.log_metrics, interval, job.launch.machine_rank, recorder.start_ms)
+            sampler.start()
         recorder.log_input(dataset_lineage(job, splits), "training")
         _record_baselines(recorder, accelerator, splits.baselines)
         train_loader, val_loader, test_loader = loaders
@@ -255,6 +260,7 @@ def _train(
                 print(f"runjob: {tidied}")
             _record_outputs(recorder, job, output_dir, splits, task)
             summary = _summary(job, recorder, output_dir, loop, time.monotonic() - began)
+            recorder.model_logged()
     except (KeyboardInterrupt, Terminated) as interrupt:
         status, error = "KILLED", interrupt
         raise
@@ -295,25 +301,27 @@ def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: Train
     experiment = recorder.record.experiment
     look = f"runjob runs --experiment {shlex.quote(experiment)}"
     if uri.startswith(("http://", "https://")):
-        experiment_id = _experiment_id(recorder)
+        experiment_id = recorder.experiment_id
         page = f"/#/experiments/{experiment_id}/runs/{recorder.run_id}" if experiment_id else ""
         look += f"; {uri.rstrip('/')}{page}"
     else:
         look += f"; mlflow ui --backend-store-uri {uri}"
-    if uri != resolve_tracking_uri(None):
+    if uri != recorder.default_tracking_uri:
         look = look.replace("runjob runs ", f"runjob runs --tracking-uri {uri} ", 1)
     lines.append(f"runjob: MLflow run {recorder.run_id} ({experiment}); look at it: {look}")
     return lines
 
 
-def _experiment_id(recorder: Recorder) -> str | None:
-    """The run's experiment id, for its link; None (the server's address alone) when it can't be read."""
-    try:
-        from mlflow import MlflowClient
+def _prestart_recording(job: ResolvedJob) -> None:
+    """Start the recording process before torch is imported, where this process will record
+    (the main process; another machine's first, for its system metrics): its MLflow import then
+    overlaps this process's."""
+    from runjob.record import mirror
 
-        return MlflowClient(tracking_uri=recorder.tracking_uri).get_run(recorder.run_id).info.experiment_id
-    except Exception:  # noqa: BLE001 - the summary then gives the server's address without the run's page
-        return None
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    records = rank == 0 and (not job.tracking.offline or job.tracking.log_model != "none")
+    if records or (local_rank == 0 and not job.tracking.offline):
+        mirror.prestart()
 
 
 def _recording_role(accelerator: Any) -> str:
@@ -332,7 +340,8 @@ def _start_record(
     tags: dict[str, str],
     tracking_uri: str | None,
 ) -> Recorder:
-    """Start the run's record on the main process and tell the other machines which run it is."""
+    """Start the run's record on the main process; the recording process opens its MLflow run
+    meanwhile (:func:`_open_record` waits for it)."""
     recorder = Recorder(output_dir, role=_recording_role(accelerator), machine_rank=job.launch.machine_rank)
     recorder.start(
         tracking=job.tracking,
@@ -342,14 +351,8 @@ def _start_record(
         tags=_tags(job, host, accelerator, output_dir, tags),
         tracking_uri=job.tracking.uri or tracking_uri,
         resuming=resuming,
+        disabled={d.name: d.by for d in host.disabled},
     )
-    shared = [recorder.run_id, recorder.tracking_uri, recorder.record.start_time]
-    if accelerator.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        shared = broadcast_object_list(shared)
-    recorder.run_id, recorder.start_ms = shared[0], shared[2]
-    recorder.join(shared[0], shared[1], job.tracking.offline)
     if accelerator.is_main_process and not resuming:
         folder = output_dir / "record"
         folder.mkdir(exist_ok=True)
@@ -358,6 +361,20 @@ def _start_record(
         recorder.log_artifact(folder / "job.toml")
         recorder.log_artifact(folder / "job_sources.json")
     return recorder
+
+
+def _open_record(recorder: Recorder, accelerator: Any, job: ResolvedJob) -> str | None:
+    """Wait for the MLflow run (created beside the data and model) and tell the other machines
+    which run it is; returns its id."""
+    recorder.opened()
+    shared = [recorder.run_id, recorder.tracking_uri, recorder.record.start_time]
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        shared = broadcast_object_list(shared)
+    recorder.run_id, recorder.start_ms = shared[0], shared[2]
+    recorder.join(shared[0], shared[1], job.tracking.offline)
+    return recorder.run_id
 
 
 def _make_callbacks(job: ResolvedJob) -> dict[str, Callback]:
@@ -384,14 +401,16 @@ def _record_baselines(recorder: Recorder, accelerator: Any, baselines: dict[str,
 
 
 def _record_outputs(recorder: Recorder, job: ResolvedJob, output_dir: Path, splits: Any, task: Task) -> None:
-    """Log the final weights and the final model as an MLflow model (``best/`` is ``best_weights``'s)."""
+    """Log the final weights, and have the recording process build the final model as an MLflow
+    model (``best/`` is ``best_weights``'s; :meth:`Recorder.model_logged` waits for the model)."""
+    if job.tracking.log_model == "weights":
+        recorder.log_model()  # it holds model.safetensors: stored once in MLflow
+        return
     recorder.log_artifact(output_dir / "model.safetensors")
     if job.tracking.log_model != "none":
-        from runjob.record.model_logging import save_mlflow_model
         from runjob.train.data_loading import example_batch
 
-        folder = save_mlflow_model(job, output_dir, task.inputs(example_batch(splits.val)))
-        recorder.log_artifact(folder, "model")
+        recorder.log_model(task.inputs(example_batch(splits.val)))
 
 
 def _resume_point(
