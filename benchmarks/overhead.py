@@ -14,7 +14,10 @@ Two input paths, each for both loops: ``tensor`` (in-memory random tensors throu
 runjob's ``synthetic`` dataset with ``in_memory = false`` and random tensors in a TensorDataset by
 hand) and ``png`` (torchvision ImageFolder over scikit-learn's digits exported as PNG files, decoded
 with PIL every step; hard links repeat the 1,437 training images so one epoch covers every timed
-step).
+step). A third, ``lm`` (``--inputs lm``), is the language-model job of jobs/gpt_text.toml: its
+``gpt`` model and the standard library's bytes in windows of 129 tokens, AdamW; runjob trains it
+with the ``language_modeling`` task, the hand-written loop with the same model class and token
+windows and ``F.cross_entropy`` over the next tokens.
 
 With ``--baseline-python PATH`` a third contestant, ``runjob@base``, runs the same runjob worker
 (this script's) with another interpreter, e.g. the virtual environment of an older checkout, so
@@ -57,7 +60,49 @@ LR, MOMENTUM, SEED = 0.01, 0.9, 0
 # ---------------------------------------------------------------- workers (one per subprocess)
 
 
+LM_LR = 0.003
+LM_TEXT = {"paths": "{stdlib}/*.py", "context": 128, "max_bytes": 2_000_000}
+"""The ``lm`` input: jobs/gpt_text.toml's model (gpt: 4 layers, width 128, context 128) and data
+(bytes of the standard library's top-level modules), AdamW at a constant learning rate."""
+
+
+def lm_job_toml(args: argparse.Namespace) -> str:
+    total = args.warmup + args.steps
+    return f"""
+[job]
+name = "bench-overhead-lm"
+seed = {SEED}
+
+[task]
+name = "language_modeling"
+
+[model]
+name = "gpt"
+
+[dataset]
+name = "text_files"
+paths = "{LM_TEXT["paths"]}"
+context = {LM_TEXT["context"]}
+max_bytes = {LM_TEXT["max_bytes"]}
+
+[optimizer]
+name = "adamw"
+lr = {LM_LR}
+
+[train]
+epochs = 1
+max_steps = {total}
+batch_size = {args.batch}
+
+[tracking]
+offline = true
+log_model = "none"
+"""
+
+
 def job_toml(args: argparse.Namespace) -> str:
+    if args.input == "lm":
+        return lm_job_toml(args)
     total = args.warmup + args.steps
     if args.input == "tensor":
         # in_memory = false: through the DataLoader as a TensorDataset, the hand-written loop's data path
@@ -142,6 +187,16 @@ def bench_dataset(args: argparse.Namespace, total: int):
     return torchvision.datasets.ImageFolder(str(Path(args.png_root) / "train"), transform=tf)
 
 
+def lm_parts() -> tuple:
+    """The ``lm`` input's data and model for the hand-written loop: the same bytes and the same
+    GPT class as runjob's (built through their plugins' factories, not runjob's loop)."""
+    from runjob.plugins.gpt import GPTOptions, build_gpt
+    from runjob.plugins.text import TextFilesOptions, build_text_files
+
+    splits = build_text_files(TextFilesOptions(**LM_TEXT))
+    return splits.train, build_gpt(GPTOptions())
+
+
 def worker_accelerate(args: argparse.Namespace) -> dict:
     # The hand-written loop, as in Accelerate's quick start.
     import torch
@@ -152,11 +207,17 @@ def worker_accelerate(args: argparse.Namespace) -> dict:
 
     torch.manual_seed(SEED)
     total = args.warmup + args.steps
-    dataset = bench_dataset(args, total)
+    lm = args.input == "lm"
+    if lm:
+        dataset, model = lm_parts()
+    else:
+        dataset, model = bench_dataset(args, total), torchvision.models.resnet18(num_classes=10)
 
     accelerator = Accelerator()
-    model = torchvision.models.resnet18(num_classes=10)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    if lm:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LM_LR)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     dataloader = DataLoader(dataset, batch_size=args.batch, shuffle=True, drop_last=True, num_workers=args.num_workers)
     model, optimizer, dataloader = accelerator.prepare(model, optimizer, dataloader)
 
@@ -166,9 +227,13 @@ def worker_accelerate(args: argparse.Namespace) -> dict:
     if profiled:
         sys.path.insert(0, args.plugin_root)
         import runjob_bench_timer
-    for inputs, targets in dataloader:
-        outputs = model(inputs)
-        loss = F.cross_entropy(outputs, targets)
+    for batch in dataloader:
+        if lm:  # (B, T + 1) tokens: predict each next one
+            outputs = model(batch[:, :-1])
+            loss = F.cross_entropy(outputs.flatten(0, 1), batch[:, 1:].flatten())
+        else:
+            inputs, targets = batch
+            loss = F.cross_entropy(model(inputs), targets)
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
@@ -323,7 +388,11 @@ def main() -> int:
     parser.add_argument(
         "--num-workers", type=int, default=0, help="DataLoader workers on both sides (runjob's default is 0)"
     )
-    parser.add_argument("--inputs", default="tensor,png", help="comma-separated: tensor, png")
+    parser.add_argument(
+        "--inputs",
+        default="tensor,png",
+        help="comma-separated: tensor, png, lm (the gpt job's model and data; samples/s x 128 = tokens/s)",
+    )
     parser.add_argument(
         "--lightning", action="store_true", help="also PyTorch Lightning's Trainer (needs lightning importable)"
     )
@@ -348,7 +417,7 @@ def main() -> int:
     )
     # worker mode
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
-    parser.add_argument("--input", choices=["tensor", "png"], help=argparse.SUPPRESS)
+    parser.add_argument("--input", choices=["tensor", "png", "lm"], help=argparse.SUPPRESS)
     parser.add_argument("--png-root", help=argparse.SUPPRESS)
     parser.add_argument("--plugin-root", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
