@@ -403,7 +403,10 @@ def main() -> int:
     import mlflow  # noqa: F401 - the slow part of starting, done while the training process starts too
 
     serve(inbox, answer)
-    return 0
+    # Everything is sent and said; the interpreter's own teardown (MLflow, SQLAlchemy: half a second
+    # here) would only keep the training process waiting for this one to exit.
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -162,10 +162,13 @@ class Uploader:
         while True:
             if not pending:
                 pending.append(self._calls.get())
-            if pending[0][0] == "metrics":
-                wait = self._last_metrics_sent + self.METRICS_INTERVAL_S - time.monotonic()
-                if wait > 0 and not self._closing(pending):
-                    time.sleep(wait)  # let more points gather
+            if pending[0][0] == "metrics":  # let more points gather, until the interval is up or the end comes
+                deadline = self._last_metrics_sent + self.METRICS_INTERVAL_S
+                while not self._closing(pending) and (wait := deadline - time.monotonic()) > 0:
+                    try:
+                        pending.append(self._calls.get(timeout=wait))
+                    except queue.Empty:
+                        break
             pending.extend(self._drain())
             kind, payload, what = pending.pop(0)
             if kind == "close":
