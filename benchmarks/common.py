@@ -282,3 +282,17 @@ def print_machine(info: dict[str, Any]) -> None:
         f"{info['git']}"
     )
     print(f"command: {info['command']}")
+
+
+def peer_missing(name: str, module: str | None = None, executable: str | None = None) -> str | None:
+    """Why the contestant ``name`` cannot run here, in one line (None when it can): its Python
+    package ``module`` is not importable, or its program ``executable`` does not exist. A
+    benchmark then skips it and writes no ratio for it."""
+    import importlib.util
+    import shutil
+
+    if module is not None and importlib.util.find_spec(module) is None:
+        return f"skipping {name}: the package {module!r} is not installed here (e.g. uv run --with {module} ...)"
+    if executable is not None and not (Path(executable).is_file() or shutil.which(executable)):
+        return f"skipping {name}: {executable} does not exist"
+    return None

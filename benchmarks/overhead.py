@@ -429,6 +429,13 @@ def main() -> int:
 
     info = common.machine()
     common.print_machine(info)
+    for flag, why in (
+        ("baseline_python", args.baseline_python and common.peer_missing(BASE, executable=args.baseline_python)),
+        ("lightning", args.lightning and common.peer_missing("lightning", module="lightning")),
+    ):
+        if why:
+            print(why)
+            setattr(args, flag, None if flag == "baseline_python" else False)
     contestants = ([BASE] if args.baseline_python else []) + ["runjob", "accelerate"]
     contestants += ["lightning"] if args.lightning else []
     inputs = [i.strip() for i in args.inputs.split(",") if i.strip()]
@@ -536,7 +543,9 @@ def main() -> int:
     info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     print()
     print(
-        f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size} inputs, batch {args.batch}, fp32, CPU, "
+        ("gpt (4 layers, width 128, context 128) on the stdlib's bytes" if inputs == ["lm"] else "")
+        + (f"ResNet-18 (ImageNet stem), {args.image_size}x{args.image_size} inputs" if inputs != ["lm"] else "")
+        + f", batch {args.batch}, fp32, CPU, "
         f"{args.threads or 'default'} torch thread(s); "
         f"{args.steps} timed steps after {args.warmup} warm-up, {total_reps} interleaved repetitions; load at end "
         f"{info['load_avg_end']}"

@@ -103,6 +103,9 @@ def main() -> int:
 
     info = common.machine()
     common.print_machine(info)
+    if args.baseline_runjob and (why := common.peer_missing("runjob@base", executable=args.baseline_runjob)):
+        print(why)
+        args.baseline_runjob = None
     runjob = str(Path(sys.executable).parent / "runjob")
     with tempfile.TemporaryDirectory(prefix="runjob-bench-tiny-") as tmp:
         work = Path(tmp)

@@ -150,6 +150,12 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="where to write the raw numbers (default benchmarks/tracking.json)")
     parser.add_argument("--cpu", action="store_true", help="the training process's CPU time per step (see above)")
+    parser.add_argument(
+        "--costs",
+        action="store_true",
+        help="the CPU the training process spends per recording call (log_metrics to a live recording process, "
+        "one system-metrics sample), measured directly",
+    )
     parser.add_argument("--system-metrics-interval", type=float, default=10.0, help="with --cpu, for server and sqlite")
     parser.add_argument("--baseline-python", help="with --cpu: the python of another checkout, as runjob@base")
     parser.add_argument("--worker", choices=["online", "offline", "server", "sqlite"], help=argparse.SUPPRESS)
@@ -162,6 +168,8 @@ def main() -> int:
         return 0
     if args.cpu:
         return cpu_main(args)
+    if args.costs:
+        return costs_main(args)
 
     info = common.machine()
     common.print_machine(info)
@@ -303,10 +311,67 @@ def main() -> int:
     return 0
 
 
+def costs_main(args: argparse.Namespace, calls: int = 2000, samples: int = 50) -> int:
+    """What recording costs the training process, call by call: ``Recorder.log_metrics`` (5
+    metrics: a line each in metrics.jsonl and one message down the pipe to a live recording process
+    writing to a sqlite store) and one ``SystemMetricsSampler.sample()``, in this process's CPU
+    time (``time.process_time``: all its threads, so the pipe's reply reader is counted too)."""
+    from types import SimpleNamespace
+
+    from runjob.record.system_metrics import SystemMetricsSampler
+    from runjob.record.tracking import Recorder
+
+    info = common.machine()
+    common.print_machine(info)
+    with tempfile.TemporaryDirectory(prefix="runjob-bench-costs-") as tmp:
+        out = Path(tmp) / "out"
+        out.mkdir()
+        recorder = Recorder(out)
+        tracking = SimpleNamespace(offline=False, log_model="none")
+        recorder.start(
+            tracking=tracking,
+            experiment="costs",
+            run_name="costs",
+            params={"a": "1"},
+            tags={},
+            tracking_uri=f"sqlite:///{tmp}/store.db",
+        )
+        recorder.opened()
+        metrics = {"train/loss": 0.5, "lr": 0.01, "train/samples_per_s": 500.0, "train/tflops": 0.1, "x": 1.0}
+        started, cpu = time.perf_counter(), time.process_time()
+        for step in range(calls):
+            recorder.log_metrics(metrics, step)
+        log_cpu = (time.process_time() - cpu) / calls
+        log_wall = (time.perf_counter() - started) / calls
+        sampler = SystemMetricsSampler(lambda values, step: None, 10.0, 0, int(time.time() * 1000))
+        sampler.sample()  # the monitors' first sample primes psutil
+        cpu = time.process_time()
+        for _ in range(samples):
+            sampler.sample()
+        sample_cpu = (time.process_time() - cpu) / samples
+        recorder.end("FINISHED")
+        record = json.loads((out / "mlflow_run.json").read_text())
+    print(
+        f"Recorder.log_metrics (5 metrics, live recording process): {1e6 * log_cpu:.0f} us CPU, "
+        f"{1e6 * log_wall:.0f} us wall a call ({calls} calls); one system-metrics sample: "
+        f"{1e3 * sample_cpu:.2f} ms CPU ({samples} samples); "
+        f"the run ended {record['status']}{', unsynced: ' + record['unsynced'] if record.get('unsynced') else ''}"
+    )
+    common.write_json(
+        "tracking_costs",
+        {"machine": info, "log_metrics_cpu_s": log_cpu, "log_metrics_wall_s": log_wall, "sample_cpu_s": sample_cpu},
+        args.json,
+    )
+    return 0
+
+
 def cpu_main(args: argparse.Namespace) -> int:
     """Training-process CPU time per step, recording on (server, sqlite) and off, paired by round."""
     info = common.machine()
     common.print_machine(info)
+    if args.baseline_python and (why := common.peer_missing("runjob@base", executable=args.baseline_python)):
+        print(why)
+        args.baseline_python = None
     modes = ["server", "sqlite", "offline"]
     pythons = {"runjob": sys.executable, **({"runjob@base": args.baseline_python} if args.baseline_python else {})}
     contestants = [(who, mode) for who in pythons for mode in modes]
@@ -365,7 +430,8 @@ def cpu_main(args: argparse.Namespace) -> int:
     )
     header = ["contestant", "CPU ms/step", "wall ms/step", "CPU vs offline (95% CI)", "wall vs offline (95% CI)"]
     print(common.table(rows, header))
-    data = {"machine": info, "settings": vars(args), "raw": raw, "loads": loads, "summary": summary}
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    data = {"machine": info, "settings": settings, "raw": raw, "loads": loads, "summary": summary}
     path = common.write_json("tracking_cpu", data, args.json)
     print(f"raw numbers: {path}")
     return 0

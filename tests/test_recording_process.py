@@ -9,7 +9,7 @@ import json
 import pytest
 from helpers import SMALL_DIGITS
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 WATCHER = '''
 """Notes what the training process had imported when the run ended."""

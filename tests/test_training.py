@@ -203,6 +203,7 @@ IMAGE_JOB = """
 """
 
 
+@pytest.mark.e2e
 def test_unreadable_image_is_named(tester):
     make_images(tester.path / "imgs", {f"{i}.png": (16, 16) for i in range(6)})
     (tester.path / "imgs" / "train" / "class0" / "broken.png").write_bytes(b"not a png")
