@@ -66,8 +66,20 @@ LM_TEXT = {"paths": "{stdlib}/*.py", "context": 128, "max_bytes": 2_000_000}
 (bytes of the standard library's top-level modules), AdamW at a constant learning rate."""
 
 
+def train_tables(args: argparse.Namespace) -> str:
+    """Both jobs' [train] and [tracking]: the warm-up and timed steps, one epoch at most, offline."""
+    return f"""[train]
+epochs = 1
+max_steps = {args.warmup + args.steps}
+batch_size = {args.batch}
+
+[tracking]
+offline = true
+log_model = "none"
+"""
+
+
 def lm_job_toml(args: argparse.Namespace) -> str:
-    total = args.warmup + args.steps
     return f"""
 [job]
 name = "bench-overhead-lm"
@@ -89,15 +101,7 @@ max_bytes = {LM_TEXT["max_bytes"]}
 name = "adamw"
 lr = {LM_LR}
 
-[train]
-epochs = 1
-max_steps = {total}
-batch_size = {args.batch}
-
-[tracking]
-offline = true
-log_model = "none"
-"""
+{train_tables(args)}"""
 
 
 def job_toml(args: argparse.Namespace) -> str:
@@ -131,15 +135,7 @@ name = "sgd"
 lr = {LR}
 momentum = {MOMENTUM}
 
-[train]
-epochs = 1
-max_steps = {total}
-batch_size = {args.batch}
-
-[tracking]
-offline = true
-log_model = "none"
-"""
+{train_tables(args)}"""
 
 
 def worker_runjob(args: argparse.Namespace) -> dict:
