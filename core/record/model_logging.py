@@ -1,7 +1,10 @@
-"""The final model as an MLflow model, loadable with ``mlflow.pytorch.load_model("runs:/ID/model")``.
+"""The final model as an MLflow model, written by the recording process (``runjob.record.mirror``).
 
-The model is built afresh from the job and given the saved final weights, so it is a plain
-``nn.Module`` on the CPU whatever wrapped it during training (DDP, FSDP, DeepSpeed, compile).
+``tracking.log_model = "weights"`` (the default): the saved weights and the job, loaded with
+``mlflow.pyfunc.load_model`` (runjob.record.trained_model), written without torch. ``"pickle"``
+and ``"pt2"``: the model is built afresh from the job and given the saved final weights, so it is
+a plain ``nn.Module`` on the CPU whatever wrapped it during training (DDP, FSDP, DeepSpeed,
+compile), loaded with ``mlflow.pytorch.load_model("runs:/ID/model")``.
 """
 
 from __future__ import annotations

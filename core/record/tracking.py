@@ -2,9 +2,10 @@
 
 Everything the run records (params, tags, every metric point, dataset lineage, artifacts, status)
 is written to the output folder first (``mlflow_run.json``, ``metrics.jsonl``, the files) and then
-sent to MLflow by one background thread, so a slow tracking server never stalls training and a
-server that goes away mid-run costs nothing: training goes on, and ``runjob sync OUTPUT_DIR``
-uploads the record later. Only the main process records the run; the first process of each other
+sent to MLflow by the recording process (``runjob.record.mirror``; its :class:`Uploader` batches the
+calls), so the training process never imports MLflow, a slow tracking server never stalls
+training and a server that goes away mid-run costs nothing: training goes on, and ``runjob sync
+OUTPUT_DIR`` uploads the record later. Only the main process records the run; the first process of each other
 machine records that machine's system metrics.
 """
 
