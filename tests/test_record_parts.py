@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import SMALL_DIGITS
 
 from runjob.errors import RunjobError, TrackingError
 from runjob.host.plugin_host import load_plugins
@@ -207,3 +208,20 @@ def test_the_logged_model_requires_torch_and_the_package_that_defines_the_model(
     assert model_requirements(torch.nn.Sequential(torch.nn.Linear(4, 3))) == [torch_pin]
     vision_pin = f"torchvision=={importlib.metadata.version('torchvision').split('+')[0]}"
     assert model_requirements(torchvision.models.resnet18(num_classes=10)) == [torch_pin, vision_pin]
+
+
+def test_a_pickled_mlflow_model_is_built_by_the_recording_side_from_the_saved_weights(tester):
+    """``log_model = "pickle"``: the example input crosses to the recording side as a file, the
+    model is rebuilt there from the final weights, and ``mlflow.pytorch`` loads it back."""
+    import mlflow.pytorch
+    import torch
+    from safetensors.torch import load_file
+
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="pickled") + "max_steps = 2\n")
+    run = tester.run("job.toml", "tracking.log_model=pickle", output_dir="out")
+    assert run.mlflow.models() == {"model"} and "model.safetensors" in run.mlflow.artifacts()
+    logged = mlflow.pytorch.load_model(f"runs:/{run.run_id}/model")
+    weights = load_file(str(run.output_dir / "model.safetensors"))
+    assert all(torch.equal(logged.state_dict()[k], v) for k, v in weights.items()), "the trained weights"
+    with torch.no_grad():
+        assert logged.eval()(torch.randn(3, 3, 16, 16)).shape == (3, 10)

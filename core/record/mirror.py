@@ -4,16 +4,17 @@ The training process writes the local record (``mlflow_run.json``, ``metrics.jso
 each thing it records, as a JSON line, down a pipe to this process (``python -m
 runjob.record.mirror``), which creates the MLflow run and mirrors the record into it: the same
 calls, in the same order, with metric points gathered into few ``log_batch`` calls
-(:class:`runjob.record.tracking.Uploader`). It also builds the run's MLflow model at the end
-(``mlflow.pytorch``, from the saved weights), so the training process never imports MLflow: its
-import, the run's creation, every upload and the model's pickling run on another core instead of
-before the first step and between the steps (benchmarks/RESULTS.md, section 8).
+(:class:`runjob.record.tracking.Uploader`). It also writes the run's MLflow model at the end
+(record.model_logging), so the training process never imports MLflow: its import, the run's
+creation, every upload and the MLflow model run on another core instead of before the first step
+and between the steps (benchmarks/RESULTS.md, section 8). Where MLflow is imported in the
+training process already, the same work runs in a thread of it instead (:func:`in_process`).
 
 Nothing is lost when this process is slow or stops: the local record holds everything and
 ``runjob sync`` uploads it. It reads the pipe in a thread of its own, so the training process's
 writes never wait on MLflow. It ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process
-group; the training process ends the run and then closes the pipe), and it exits when the pipe
-closes, after sending what it has.
+group; the training process ends the run, then says ``close``), and it exits once told to, or when
+the pipe closes, after sending what it has.
 
 Messages in (one JSON object a line, one key): ``start`` (first: where and what to record),
 ``metrics`` (lines as ``metrics.jsonl`` has them), ``tags``, ``artifact``, ``input``, ``model``,
@@ -235,12 +236,15 @@ class _Recording:
             return
         from runjob.host.plugin_host import load_plugins
 
-        self.host = load_plugins(self.start.get("disabled") or {})
-        if kind == "weights":
-            import mlflow.pyfunc  # noqa: F401 - no torch: writing this model needs none
-        else:  # pickle, pt2: the model is built here, from the weights
-            import mlflow.pytorch  # noqa: F401
-            import torch  # noqa: F401
+        try:
+            self.host = load_plugins(self.start.get("disabled") or {})
+            if kind == "weights":
+                import mlflow.pyfunc  # noqa: F401 - no torch: writing this model needs none
+            else:  # pickle, pt2: the model is built here, from the weights
+                import mlflow.pytorch  # noqa: F401
+                import torch  # noqa: F401
+        except Exception:  # noqa: BLE001 - only a head start: building the model says what is wrong
+            self.host = None
 
     def handle(self, message: dict[str, Any]) -> None:
         ((kind, value),) = message.items()

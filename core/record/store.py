@@ -65,7 +65,7 @@ def all_experiments(client: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
-def _environment(values: dict[str, str]) -> Iterator[None]:
+def environment(values: dict[str, str]) -> Iterator[None]:
     """Set ``values`` in ``os.environ`` for the block (worker processes inherit them), then restore."""
     saved = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
@@ -88,7 +88,7 @@ def download_artifact(uri: str, run_id: str, name: str, folder: Path) -> Path | 
 
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        with _environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
+        with environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):
             try:
                 return Path(
                     download_artifacts(run_id=run_id, artifact_path=name, tracking_uri=uri, dst_path=str(folder))

@@ -238,6 +238,8 @@ class Recorder:
         self._mirroring = False  # MLflow gets the record (not offline, not given up)
         self._began_offline = False
         self._disabled: dict[str, str] = {}
+        self._model_asked = False  # log_model() asked the recording process for the MLflow model
+        self._example: Path | None = None  # the example input's temporary file, for pickle and pt2
         self._lock = threading.Lock()
 
     @property
@@ -407,7 +409,7 @@ class Recorder:
             handle, name = tempfile.mkstemp(prefix="runjob-example-", suffix=".pt")
             os.close(handle)
             torch.save(example, name)
-        self._example = Path(name) if name else None
+        self._example, self._model_asked = (Path(name) if name else None), True
         with self._lock:
             added = self.record.add_artifact(MODEL_FOLDER, MODEL_ARTIFACT)
         if added:
@@ -417,14 +419,20 @@ class Recorder:
     def model_logged(self, timeout: float = FINAL_UPLOAD_TIMEOUT_S) -> None:
         """Wait for the MLflow model :meth:`log_model` asked for; one that could not be built is a
         TrainingError (the weights are in model.safetensors)."""
-        if self._mirror is None or not hasattr(self, "_example"):
+        if self._mirror is None or not self._model_asked:
             return
         answer = self._mirror.reply("model", timeout)
         if self._example is not None:
             self._example.unlink(missing_ok=True)
-        del self._example
-        if answer is None:
+        self._example, self._model_asked = None, False
+        if answer is None and self._mirroring:
             self._give_up("the MLflow model: the recording process stopped")
+        elif answer is None:
+            print(
+                f"runjob: the MLflow model was not written (the recording process stopped); the weights are in "
+                f"{self.output_dir / 'model.safetensors'}",
+                flush=True,
+            )
         elif "error" in answer:
             from runjob.errors import TrainingError
 

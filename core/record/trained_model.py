@@ -3,8 +3,8 @@ MLflow ``python_function`` model holding the final ``model.safetensors`` and the
 ``job.toml``, which rebuilds the model through runjob's plugins when it is loaded.
 
 Writing it needs neither torch nor the model's code, so runjob's recording process writes it at
-the end of a run without importing torch (about 5 s on a CPU machine, most of it torchvision's
-first import); the weights are stored as safetensors, not pickled. Load it with
+the end of a run without importing torch or the model's libraries (seconds on a CPU machine);
+the weights are stored as safetensors, not pickled. Load it with
 
     model = mlflow.pyfunc.load_model("runs:/RUN_ID/model")
     outputs = model.predict(batch)                      # a numpy array in, the model's outputs out
@@ -55,16 +55,19 @@ def save_trained_model(folder: Path, output_dir: Path, requirements: list[str]) 
     """Write the MLflow model of ``output_dir``'s final weights and job into ``folder``."""
     import logging
 
+    from runjob.record.store import environment
+
     logger = logging.getLogger("mlflow.pyfunc")  # its advice against pickled objects: this one is a
     level = logger.level  # class of runjob's, pickled by reference, with no state of its own
     logger.setLevel(logging.ERROR)
     try:
-        mlflow.pyfunc.save_model(
-            str(folder),
-            python_model=TrainedModel(),
-            artifacts={WEIGHTS: str(output_dir / "model.safetensors"), JOB: str(output_dir / "job.toml")},
-            pip_requirements=requirements,
-        )
+        with environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}):  # no bar while it copies its files in
+            mlflow.pyfunc.save_model(
+                str(folder),
+                python_model=TrainedModel(),
+                artifacts={WEIGHTS: str(output_dir / "model.safetensors"), JOB: str(output_dir / "job.toml")},
+                pip_requirements=requirements,
+            )
     finally:
         logger.setLevel(level)
     _link_weights(output_dir / "model.safetensors", folder / "artifacts" / "model.safetensors")
