@@ -1,7 +1,7 @@
 """runjob: a declarative training launcher. One TOML job file; pluggy plugins; Accelerate; MLflow.
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
-``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
+``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``Inputs``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
 ``TaskOptions``, ``Callback``, ``CallbackOptions``, ``RunContext``, ``Register``, the FLOP
 counting helpers (``meta_model``, ``training_flops_per_unit``, ``peak_flops``) and the error
 types; ``run`` trains a job file from Python, as ``runjob run`` does. Nothing here imports torch,
@@ -22,6 +22,7 @@ _LAZY = {
     "AbsolutePath": "runjob.host.components",
     "DatasetSplits": "runjob.host.components",
     "ImageTensors": "runjob.host.components",
+    "Inputs": "runjob.host.components",
     "StrategyPlan": "runjob.host.components",
     "require_module": "runjob.host.components",
     "Callback": "runjob.host.callback",

@@ -15,6 +15,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from runjob import DatasetSplits, ImageTensors, Options, hookimpl, require_module
+from runjob.plugins.image_datasets import ImageFileInputs
 
 
 class DigitsOptions(Options):
@@ -76,28 +77,9 @@ def build_digits(options: DigitsOptions) -> DatasetSplits:
         classes=[str(d) for d in range(10)],
         source="sklearn.datasets.load_digits",
         digest=hashlib.sha256(normalized.numpy().tobytes() + labels.numpy().tobytes()).hexdigest()[:16],
-        read_inputs=lambda path: digit_images(path, options.image_size, mean, std),
+        # image files of digits, light on dark as `export` writes them: one gray level, three channels
+        inputs=ImageFileInputs(options.image_size, mean, std, gray=True),
     )
-
-
-def digit_images(path: Path, image_size: int, mean: list[float], std: list[float]):
-    """Image files of digits (light on dark, as ``export`` writes them) as ``(name, image)`` items
-    for ``runjob predict``: gray levels scaled to [0, 1], resized to ``image_size`` (bilinear),
-    three equal channels, normalized as the training images are."""
-    from torchvision import transforms
-
-    from runjob.plugins.image_datasets import image_inputs
-
-    gray = transforms.Compose(
-        [
-            transforms.Grayscale(1),
-            transforms.Resize((image_size, image_size)),
-            transforms.ToTensor(),
-            transforms.Lambda(lambda image: image.expand(3, -1, -1)),
-            transforms.Normalize(mean, std),
-        ]
-    )
-    return image_inputs(gray)(path)
 
 
 def export_image_folder(target: Path, image_size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> int:

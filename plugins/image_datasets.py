@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
 from pathlib import Path
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from runjob import AbsolutePath, DataError, DatasetSplits, ExistingDir, ImageTensors, Options, hookimpl
+from runjob import AbsolutePath, DataError, DatasetSplits, ExistingDir, ImageTensors, Inputs, Options, hookimpl
 
 CIFAR_MEAN = [0.4914, 0.4822, 0.4465]
 CIFAR_STD = [0.2470, 0.2435, 0.2616]
@@ -173,7 +174,7 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
         source=str(folder.resolve()),
         digest=digest,
         # images of any size, made 32x32 as the models were trained on
-        read_inputs=image_inputs(transforms.Compose([transforms.Resize((32, 32)), transforms.ToTensor(), normalize])),
+        inputs=ImageFileInputs(32, CIFAR_MEAN, CIFAR_STD),
     )
 
 
@@ -228,28 +229,63 @@ def image_files(path: str | Path) -> list[Path]:
     return files
 
 
-class ImageInputs:
-    """Image files as ``(name, image tensor)`` items for ``runjob predict``: each file decoded as RGB
-    and given to ``transform`` (a PIL image in, a tensor out); the name is its path relative to
-    the folder given."""
+class ImageFileInputs(Inputs):
+    """Image files (PNG, JPEG, ...) as the model's inputs: decoded as RGB (then to one gray channel,
+    repeated three times, when ``gray``), resized to ``size`` when set, scaled to [0, 1] and
+    normalized with ``mean`` and ``std``: the validation split's transform. A record is
+    ``{"image": the file's bytes}`` (``runjob predict --input`` reads it from the file); the run's
+    MLflow model takes a column ``image`` of such bytes."""
 
-    def __init__(self, path: str | Path, transform) -> None:
-        self.root = Path(path)
-        self.files = image_files(path)
-        self.transform = transform
+    columns = {"image": "binary"}
 
-    def __len__(self) -> int:
-        return len(self.files)
+    def __init__(self, size: int | None, mean, std, gray: bool = False) -> None:
+        self.size, self.mean, self.std, self.gray = size, [float(m) for m in mean], [float(s) for s in std], gray
+        self._transform = None
 
-    def __getitem__(self, index: int):
-        file = self.files[index]
-        name = file.name if file == self.root else file.relative_to(self.root).as_posix()
-        return name, self.transform(_read_image(str(file)))
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_transform": None}  # torchvision's Compose is rebuilt where it is used
+
+    def read(self, path: Path) -> list[tuple[str, dict]]:
+        """The image file ``path``, or every image file in the folder and its subfolders (named by
+        their path relative to it), in path order; each read when it is encoded."""
+        root = Path(path)
+        return [
+            (file.name if file == root else file.relative_to(root).as_posix(), {"image": file})
+            for file in image_files(root)
+        ]
+
+    def encode(self, record: dict):
+        from PIL import Image
+
+        if "image" not in record:
+            raise ValueError("no 'image' column (an image file's bytes)")
+        image = record["image"]
+        try:
+            if isinstance(image, Path):
+                with image.open("rb") as file:
+                    decoded = Image.open(file).convert("RGB")
+            else:
+                decoded = Image.open(io.BytesIO(bytes(image))).convert("RGB")
+        except Exception as error:  # noqa: BLE001 - PIL raises many kinds for a file that is not an image
+            raise ValueError(f"cannot read the image: {type(error).__name__}: {error}") from None
+        return self.transform(decoded)
+
+    @property
+    def transform(self):
+        if self._transform is None:
+            from torchvision import transforms
+
+            steps = [transforms.Grayscale(1)] if self.gray else []
+            steps += [transforms.Resize((self.size, self.size))] if self.size else []
+            steps.append(transforms.ToTensor())
+            steps += [transforms.Lambda(_three_channels)] if self.gray else []
+            steps.append(transforms.Normalize(self.mean, self.std))
+            self._transform = transforms.Compose(steps)
+        return self._transform
 
 
-def image_inputs(transform):
-    """A ``DatasetSplits.read_inputs`` for image datasets: image files through ``transform``."""
-    return lambda path: ImageInputs(path, transform)
+def _three_channels(image):
+    return image.expand(3, -1, -1)
 
 
 def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
@@ -278,7 +314,7 @@ def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
         classes=classes,
         source=str(root.resolve()),
         digest=_listing_digest(root),
-        read_inputs=image_inputs(transforms.Compose(resize + tail)),  # the validation split's transform
+        inputs=ImageFileInputs(options.image_size, options.mean, options.std),  # the validation split's transform
     )
 
 

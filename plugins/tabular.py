@@ -40,7 +40,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from runjob import DataError, DatasetSplits, ExistingFile, Options, hookimpl
+from runjob import DataError, DatasetSplits, ExistingFile, Inputs, Options, hookimpl
 
 LISTED_COLUMNS = 30
 """How many of a file's column names a message lists before it says '... (N columns)'."""
@@ -343,28 +343,64 @@ def feature_scale(train):
     return mean, std
 
 
-def csv_inputs(path: Path, features: list[str], scale) -> list:
-    """A CSV file's rows as ``(name, features)`` items for ``runjob predict``: the feature columns
-    the model was trained on (other columns, a target too, are ignored), standardized with the
-    training rows' ``scale`` (mean, std) when the job standardized; the name is ``line N``."""
-    import torch
+class CSVInputs(Inputs):
+    """Rows of the feature columns the model was trained on, as raw numbers (a target column or
+    other columns in the file are ignored), standardized with the training rows' mean and standard
+    deviation when the job standardized. They travel in the run's MLflow model, which then takes
+    raw rows (a DataFrame with these columns) as ``runjob predict`` takes a CSV file."""
 
-    path = Path(path)
-    if not path.is_file():
-        what = "no such file" if not path.exists() else "a folder"
-        raise DataError(
-            f"--input {path}: {what}; the csv dataset reads a CSV file with the columns {_listing(features)}"
-        )
-    table = read_table(str(path))
-    absent = [name for name in features if name not in table.header]
-    if absent:
-        raise DataError(_missing_columns_message(absent, table.header, str(path)))
-    if not table.rows:
-        raise DataError(f"--input {path} holds no data rows, only the header line")
-    values = torch.tensor(table.numbers(features), dtype=torch.float64)
-    if scale is not None:
-        values = (values - scale[0]) / scale[1]
-    return [(f"line {line}", row) for (line, _), row in zip(table.rows, values.float(), strict=True)]
+    def __init__(self, features: list[str], mean: list[float] | None, std: list[float] | None) -> None:
+        self.features = list(features)
+        self.mean, self.std = mean, std  # float64 values as Python floats: plain, picklable, exact
+        self.columns = {name: "double" for name in self.features}
+
+    def read(self, path: Path) -> list[tuple[str, dict[str, float]]]:
+        """A CSV file's rows, named ``line N`` (the header is line 1)."""
+        path = Path(path)
+        if not path.is_file():
+            what = "no such file" if not path.exists() else "a folder"
+            raise DataError(
+                f"--input {path}: {what}; the csv dataset reads a CSV file with the columns {_listing(self.features)}"
+            )
+        table = read_table(str(path))
+        absent = [name for name in self.features if name not in table.header]
+        if absent:
+            raise DataError(_missing_columns_message(absent, table.header, str(path)))
+        if not table.rows:
+            raise DataError(f"--input {path} holds no data rows, only the header line")
+        rows = table.numbers(self.features)
+        return [
+            (f"line {line}", dict(zip(self.features, row, strict=True)))
+            for (line, _), row in zip(table.rows, rows, strict=True)
+        ]
+
+    def encode(self, record: dict[str, float]):
+        """The features in training order as float32, scaled in float64 as the training rows were."""
+        import torch
+
+        absent = [name for name in self.features if name not in record]
+        if absent:
+            raise ValueError(f"missing feature column(s) {_quoted(absent)}; the model takes {_listing(self.features)}")
+        try:
+            values = [float(record[name]) for name in self.features]
+        except (TypeError, ValueError):
+            bad = next(name for name in self.features if not _is_number(record[name]))
+            raise ValueError(f"column {bad!r}: {record[bad]!r} is not a number") from None
+        if not all(math.isfinite(value) for value in values):
+            bad = next(name for name, value in zip(self.features, values, strict=True) if not math.isfinite(value))
+            raise ValueError(f"column {bad!r}: {record[bad]!r} is not a finite number")
+        row = torch.tensor(values, dtype=torch.float64)
+        if self.mean is not None and self.std is not None:
+            row = (row - torch.tensor(self.mean, dtype=torch.float64)) / torch.tensor(self.std, dtype=torch.float64)
+        return row.float()
+
+
+def _is_number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _baselines(targets, train_idx, val_idx, target_type: str) -> dict[str, float]:
@@ -431,7 +467,7 @@ def build_csv(options: CSVOptions) -> DatasetSplits:
         source=str(Path(options.path).resolve()),
         digest=table.digest,
         baselines=_baselines(targets, train_idx, val_idx, options.target_type),
-        read_inputs=lambda path: csv_inputs(path, features_named, scale),
+        inputs=CSVInputs(features_named, *([part.tolist() for part in scale] if scale else [None, None])),
     )
 
 

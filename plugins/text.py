@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from runjob import DataError, DatasetSplits, Options, hookimpl
+from runjob import DataError, DatasetSplits, Inputs, Options, hookimpl
 
 STDLIB = "{stdlib}"
 _NOT_STDLIB = {"site-packages", "dist-packages"}  # installed packages that may live inside the stdlib folder
@@ -184,35 +184,47 @@ def unigram_perplexity(train: bytes, targets) -> float:
     return math.exp(-log_probs[targets.long()].mean().item())
 
 
-def text_prompts(path: Path) -> list:
-    """Prompts for ``runjob predict``, as ``(name, byte tokens)`` items: the file ``path`` is one
-    prompt, a folder holds one prompt a file (its subfolders too, in path order; empty files left
-    out)."""
-    import torch
+class TextPrompts(Inputs):
+    """Prompts for a byte-level language model: a record is ``{"prompt": text}`` (UTF-8 text, or
+    the bytes of a file), its tokens the bytes; the run's MLflow model takes a column ``prompt``
+    and continues each."""
 
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"--input {path}: no such file or folder")
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    prompts = []
-    for file in files:
-        try:
-            data = file.read_bytes()
-        except OSError as error:
-            raise DataError(f"--input: cannot read {file}: {error.strerror or error}") from None
-        if data:
-            name = file.name if file == path else file.relative_to(path).as_posix()
-            prompts.append((name, torch.frombuffer(bytearray(data), dtype=torch.uint8).long()))
-    if not prompts:
-        raise DataError(
-            f"--input {path}: no text to continue (the file is empty, or the folder holds no non-empty file)"
-        )
-    return prompts
+    columns = {"prompt": "string"}
 
+    def read(self, path: Path) -> list[tuple[str, dict[str, bytes]]]:
+        """The file ``path`` is one prompt, a folder holds one prompt a file (its subfolders too,
+        in path order; empty files left out)."""
+        path = Path(path)
+        if not path.exists():
+            raise DataError(f"--input {path}: no such file or folder")
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        prompts = []
+        for file in files:
+            try:
+                data = file.read_bytes()
+            except OSError as error:
+                raise DataError(f"--input: cannot read {file}: {error.strerror or error}") from None
+            if data:
+                prompts.append((file.name if file == path else file.relative_to(path).as_posix(), {"prompt": data}))
+        if not prompts:
+            raise DataError(
+                f"--input {path}: no text to continue (the file is empty, or the folder holds no non-empty file)"
+            )
+        return prompts
 
-def decode_bytes(tokens) -> str:
-    """Byte tokens back to text (UTF-8; a byte sequence cut mid-character shows as U+FFFD)."""
-    return bytes(int(token) for token in tokens).decode("utf-8", errors="replace")
+    def encode(self, record: dict):
+        import torch
+
+        prompt = record.get("prompt")
+        if isinstance(prompt, str):
+            prompt = prompt.encode("utf-8", errors="surrogateescape")
+        if not isinstance(prompt, (bytes, bytearray)) or not prompt:
+            raise ValueError(f"'prompt' must be non-empty text, got {type(prompt).__name__} {prompt!r:.40}")
+        return torch.frombuffer(bytearray(prompt), dtype=torch.uint8).long()
+
+    def decode(self, ids) -> str:
+        """Byte tokens back to text (UTF-8; a byte sequence cut mid-character shows as U+FFFD)."""
+        return bytes(int(token) for token in ids).decode("utf-8", errors="replace")
 
 
 def build_text_files(options: TextFilesOptions) -> DatasetSplits:
@@ -243,8 +255,7 @@ def build_text_files(options: TextFilesOptions) -> DatasetSplits:
         source=", ".join(_patterns(options.paths)),
         digest=hasher.hexdigest()[:16],
         baselines={"unigram_perplexity": unigram_perplexity(data["train"], windows["val"].targets())},
-        read_inputs=text_prompts,
-        decode=decode_bytes,
+        inputs=TextPrompts(),
     )
 
 

@@ -1,6 +1,7 @@
 """``runjob predict RUN --input PATH``: a finished run's predictions for new inputs, read as the
-run's dataset reads them (``DatasetSplits.read_inputs``) and turned into columns by its task
-(``Task.predict``), or, for a language model, continuations of prompts (``Task.generate``)."""
+run's dataset reads them (``DatasetSplits.inputs`` / ``read_inputs``) and turned into columns by its
+task (``Task.predict``), or, for a language model, continuations of prompts (``Task.generate``).
+The rows come from ``runjob.record.prediction``, the same code the run's MLflow model predicts with."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import DataError, RunjobError, first_line
+from runjob.errors import DataError, RunjobError
 
 FORMATS = (".csv", ".jsonl")
 
@@ -31,10 +32,13 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     """Predict with run RUN's model and write one row per input, as CSV or JSON lines."""
-    from runjob.host.plugin_host import load_plugins
-    from runjob.train.trained import best_device, build_model, find_run, load_data, load_job
-
     _check_arguments(args)
+    if args.input is not None and not args.input.exists():  # said before torch and the model are loaded
+        raise DataError(f"--input {args.input}: no such file or folder")
+    from runjob.host.plugin_host import load_plugins
+    from runjob.record.prediction import Predictor
+    from runjob.train.trained import best_device, build_model, find_run, load_data, load_job, sample_batch
+
     host = load_plugins()
     with tempfile.TemporaryDirectory(prefix="runjob-predict-") as scratch:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
@@ -47,7 +51,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if splits.read_inputs is None:
             raise RunjobError(
                 f"dataset {job.dataset.name!r} cannot read inputs for prediction (its plugin gives no "
-                "DatasetSplits.read_inputs)"
+                "DatasetSplits.inputs or read_inputs)"
             )
         source = args.input
         if args.prompt is not None:
@@ -57,10 +61,20 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if len(inputs) == 0:
             raise DataError(f"--input {source}: nothing to predict")
         model = build_model(job, run.model_file).to(best_device())
-        if task.generates:
-            rows = continuations(model, task, splits, inputs, args)
-        else:
-            rows = predictions(model, task, splits, inputs, args.batch_size, job, source)
+        context = int(task.inputs(sample_batch(splits.val, 1)).shape[-1]) if task.generates else None
+        predictor = Predictor(task, splits.inputs, splits.classes, context)
+        if predictor.inputs is None and splits.decode is not None:  # a dataset of the older kind
+            predictor.inputs = _Decoder(splits.decode)
+        rows = predictor.rows(
+            model,
+            inputs,
+            args.batch_size,
+            str(source),
+            f"model {job.model.name!r}",
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+        )
     if args.prompt is not None:
         for row in rows:
             row["input"] = "prompt"
@@ -70,65 +84,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
-def predictions(model: Any, task: Any, splits: Any, inputs: Any, batch_size: int, job: Any, source: Path) -> list:
-    """One row per input: its name and the task's prediction columns, batch by batch."""
-    import torch
-    from torch.utils.data import DataLoader
+class _Decoder:
+    """A dataset's plain ``DatasetSplits.decode`` where it gives no :class:`runjob.Inputs`."""
 
-    from runjob.train.data_loading import collate
+    decodes = True
 
-    device = next(model.parameters()).device
-    rows: list[dict[str, Any]] = []
-    with torch.no_grad():
-        for names, batch in DataLoader(inputs, batch_size=batch_size, collate_fn=collate):
-            try:
-                outputs = model(batch.to(device))
-            except RuntimeError as error:  # torch's shape errors
-                raise RunjobError(
-                    f"model {job.model.name!r} cannot take the inputs read from {source} (a batch of shape "
-                    f"{tuple(batch.shape)}): {first_line(error)}"
-                ) from None
-            columns = columns_of(task.predict(outputs), splits.classes)
-            rows.extend(
-                {"input": name, **{key: values[i] for key, values in columns.items()}} for i, name in enumerate(names)
-            )
-    return rows
-
-
-def columns_of(predicted: dict[str, Any], classes: list[str] | None) -> dict[str, list[Any]]:
-    """Per-sample tensors as lists of plain values: a ``(batch, k)`` tensor as k columns
-    ``name_0 ...``; ``class`` indices as the dataset's class names when it has them."""
-    columns: dict[str, list[Any]] = {}
-    for name, tensor in predicted.items():
-        values = tensor.detach().float().cpu() if tensor.is_floating_point() else tensor.detach().cpu()
-        if values.ndim == 1:
-            columns[name] = values.tolist()
-        else:
-            flat = values.reshape(values.shape[0], -1)
-            for k in range(flat.shape[1]):
-                columns[f"{name}_{k}"] = flat[:, k].tolist()
-    if classes is not None and "class" in columns:
-        columns["class"] = [classes[int(index)] for index in columns["class"]]
-    return columns
-
-
-def continuations(model: Any, task: Any, splits: Any, inputs: Any, args: argparse.Namespace) -> list:
-    """One row per prompt: its name and the model's continuation (text when the dataset can decode
-    its tokens, else the token ids)."""
-    import torch
-
-    from runjob.train.trained import sample_batch
-
-    device = next(model.parameters()).device
-    context = int(task.inputs(sample_batch(splits.val, 1)).shape[-1])  # the length the model was trained on
-    generator = torch.Generator().manual_seed(args.seed)
-    rows = []
-    for index in range(len(inputs)):
-        name, tokens = inputs[index]
-        new = task.generate(model, tokens[None].to(device), args.max_new_tokens, context, args.temperature, generator)
-        ids = new[0].tolist()
-        rows.append({"input": name, "continuation": splits.decode(ids) if splits.decode else ids})
-    return rows
+    def __init__(self, decode: Any) -> None:
+        self.decode = decode
 
 
 def write_rows(rows: list[dict[str, Any]], output: Path | None) -> None:

@@ -98,9 +98,11 @@ def runjob_register_datasets(register: Register) -> None:
     the DataLoader keys (``num_workers``, ``pin_memory``, ``persistent_workers``,
     ``prefetch_factor``) to every dataset table; the options model must not declare them. Validate
     paths in the options model (e.g. with ``runjob.ExistingDir``) so a missing folder is reported
-    before anything is read. For ``runjob predict``, set ``DatasetSplits.read_inputs`` (a path to a
-    Dataset of ``(name, input)`` items, read as the validation split is) and, for token data,
-    ``DatasetSplits.decode`` (token ids to text).
+    before anything is read. For ``runjob predict`` and the run's MLflow model, set
+    ``DatasetSplits.inputs`` to a :class:`runjob.Inputs`: how a user's raw inputs (a CSV row, an
+    image file's bytes, a prompt) become model inputs, with the preprocessing fitted on the training
+    data; it is pickled into the MLflow model. (``DatasetSplits.read_inputs`` and ``decode`` alone
+    still serve ``runjob predict``; the MLflow model then takes the model's tensors as they are.)
     """
 
 

@@ -4,7 +4,8 @@
 ``mlflow.pyfunc.load_model`` (runjob.record.trained_model), written without torch. ``"pickle"``
 and ``"pt2"``: the model is built afresh from the job and given the saved final weights, so it is
 a plain ``nn.Module`` on the CPU whatever wrapped it during training (DDP, FSDP, DeepSpeed,
-compile), loaded with ``mlflow.pytorch.load_model("runs:/ID/model")``.
+compile), loaded with ``mlflow.pytorch.load_model("runs:/ID/JOB_NAME")`` (the logged model is
+named after the job).
 """
 
 from __future__ import annotations
@@ -19,19 +20,43 @@ from runjob.errors import TrainingError, first_line
 MODEL_FOLDER = "mlflow_model"
 
 
-def save_mlflow_model(job: Any, output_dir: Path, example: Any, host: Any = None) -> Path:
-    """Write the MLflow model of the run's final weights to ``OUTPUT_DIR/mlflow_model``;
-    ``example`` is a batch of two inputs as the model sees them (a CPU tensor), for the input
-    example of a ``pt2`` model. ``host``: the plugins, to name the model's distribution for a
-    ``weights`` model (built without torch)."""
+def save_mlflow_model(
+    job: Any,
+    output_dir: Path,
+    example: Any,
+    host: Any = None,
+    prediction: dict[str, Any] | None = None,
+    notes: list[str] | None = None,
+) -> Path:
+    """Write the MLflow model of the run's final weights to ``OUTPUT_DIR/mlflow_model``; ``example`` is a batch
+    of two inputs as the model sees them (a CPU tensor), for the input example of a ``pt2`` model. ``host``: the
+    plugins, to name the model's distribution for a ``weights`` model (built without torch). ``prediction``: the
+    training process's description of the run's predictor (``runjob.train.predictor``) for a ``weights`` model.
+    What the user should know about the model (a requirement that could not travel) is appended to ``notes``."""
     if job.tracking.log_model == "weights":
         from runjob.record.trained_model import requirements_of, save_trained_model
+        from runjob.record.wheels import WheelError, wheel_for
 
         folder = output_dir / MODEL_FOLDER
         shutil.rmtree(folder, ignore_errors=True)
         plugin = next((p for p in (host.plugins if host else []) if p.name == job.model.component.plugin), None)
         names = ["torch", "runjob-train", "safetensors", *([plugin.distribution] if plugin else [])]
-        return save_trained_model(folder, output_dir, requirements_of(names))
+        wheels, pinned = [], []
+        for name in dict.fromkeys(names):
+            try:
+                wheel = wheel_for(name)
+            except WheelError as error:
+                wheel = None
+                if notes is not None:
+                    notes.append(
+                        f"the MLflow model requires {name} by version, which no package index may have ({error}); "
+                        "`mlflow models serve` needs it installed"
+                    )
+            if wheel:
+                wheels.append(wheel)
+            else:
+                pinned.append(name)
+        return save_trained_model(folder, output_dir, requirements_of(pinned), prediction, wheels)
     import mlflow.pytorch
     import torch
     from accelerate.utils import load_checkpoint_in_model

@@ -14,21 +14,7 @@ from typing import Any
 
 from runjob.errors import DataError
 from runjob.host.components import DatasetSplits, ImageTensors
-
-
-def collate(batch: list[Any]) -> Any:
-    """torch's default collation, with a clear message when inputs differ in shape."""
-    from torch.utils.data import default_collate
-
-    try:
-        return default_collate(batch)
-    except RuntimeError as error:
-        if "stack expects each tensor to be equal size" not in str(error):
-            raise
-        raise DataError(
-            f"inputs in one batch have different shapes ({error}); the dataset must give inputs of one size "
-            "(for image folders: set dataset.image_size)"
-        ) from None
+from runjob.record.prediction import collate  # noqa: F401 - the loaders' collate, shared with prediction
 
 
 def already_batched(batch: Any) -> Any:

@@ -1,0 +1,159 @@
+"""What a trained model predicts, as rows of plain values: the one path that ``runjob predict`` and
+the run's MLflow model (``runjob.record.trained_model``) both take, so they cannot disagree.
+
+A :class:`Predictor` holds everything besides the model that turns a user's raw inputs into rows:
+the task (its ``predict`` / ``generate``), the dataset's :class:`runjob.Inputs` (the fitted
+preprocessing), the class names and a language model's context. The training process pickles it
+into the output folder at the end of a run (``prediction.pkl``), and the MLflow model carries it.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import DataError, RunjobError, first_line
+
+PREDICTOR_FILE = "prediction.pkl"
+GENERATION_DEFAULTS = {"max_new_tokens": 100, "temperature": 0.0, "seed": 0}
+"""A language model's continuation settings when none are given (``runjob predict``'s defaults)."""
+
+
+@dataclass
+class Predictor:
+    """The task, the dataset's inputs (``None``: the model's input tensors are taken as they are),
+    the class names, and the number of tokens a generating model was trained on."""
+
+    task: Any
+    inputs: Any
+    classes: list[str] | None
+    context: int | None
+    output_columns: dict[str, str] | None = None
+    """The columns and types of a prediction row (without ``input``), for the MLflow signature."""
+
+    def save(self, folder: Path) -> Path:
+        """Pickle this predictor into ``folder`` (written whole or not at all)."""
+        path = folder / PREDICTOR_FILE
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL))
+        partial.replace(path)
+        return path
+
+    @staticmethod
+    def load(path: Path) -> Predictor:
+        return pickle.loads(Path(path).read_bytes())
+
+    def rows(
+        self,
+        model: Any,
+        items: Any,
+        batch_size: int = 64,
+        source: str = "the inputs",
+        what: str = "the model",
+        **generation: Any,
+    ) -> list[dict[str, Any]]:
+        """One row per ``(name, input)`` item: a language model's continuation, or the task's
+        prediction columns; ``what`` names the model in an error."""
+        if self.task.generates:
+            settings = {**GENERATION_DEFAULTS, **{k: v for k, v in generation.items() if v is not None}}
+            decode = self.inputs.decode if self.inputs is not None and self.inputs.decodes else None
+            return continuation_rows(model, self.task, decode, items, self.context or 0, **settings)
+        return prediction_rows(model, self.task, self.classes, items, batch_size, source, what)
+
+
+def collate(batch: list[Any]) -> Any:
+    """torch's default collation, with a clear message when inputs differ in shape."""
+    from torch.utils.data import default_collate
+
+    try:
+        return default_collate(batch)
+    except RuntimeError as error:
+        if "stack expects each tensor to be equal size" not in str(error):
+            raise
+        raise DataError(
+            f"inputs in one batch have different shapes ({error}); the dataset must give inputs of one size "
+            "(for image folders: set dataset.image_size)"
+        ) from None
+
+
+def prediction_rows(
+    model: Any, task: Any, classes: list[str] | None, items: Any, batch_size: int, source: str, what: str = "the model"
+) -> list[dict[str, Any]]:
+    """One row per item: its name (``input``) and the task's prediction columns, batch by batch."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    device = next(model.parameters()).device
+    rows: list[dict[str, Any]] = []
+    with torch.no_grad():
+        for names, batch in DataLoader(items, batch_size=batch_size, collate_fn=collate):
+            try:
+                outputs = model(batch.to(device))
+            except RuntimeError as error:  # torch's shape errors
+                raise RunjobError(
+                    f"{what} cannot take the inputs read from {source} (a batch of shape {tuple(batch.shape)}): "
+                    f"{first_line(error)}"
+                ) from None
+            columns = columns_of(task.predict(outputs), classes)
+            rows.extend(
+                {"input": name, **{key: values[i] for key, values in columns.items()}} for i, name in enumerate(names)
+            )
+    return rows
+
+
+def columns_of(predicted: dict[str, Any], classes: list[str] | None) -> dict[str, list[Any]]:
+    """Per-sample tensors as lists of plain values: a ``(batch, k)`` tensor as k columns
+    ``name_0 ...``; ``class`` indices as the dataset's class names when it has them."""
+    columns: dict[str, list[Any]] = {}
+    for name, tensor in predicted.items():
+        values = tensor.detach().float().cpu() if tensor.is_floating_point() else tensor.detach().cpu()
+        if values.ndim == 1:
+            columns[name] = values.tolist()
+        else:
+            flat = values.reshape(values.shape[0], -1)
+            for k in range(flat.shape[1]):
+                columns[f"{name}_{k}"] = flat[:, k].tolist()
+    if classes is not None and "class" in columns:
+        columns["class"] = [classes[int(index)] for index in columns["class"]]
+    return columns
+
+
+def continuation_rows(
+    model: Any, task: Any, decode: Any, items: Any, context: int, max_new_tokens: int, temperature: float, seed: int
+) -> list[dict[str, Any]]:
+    """One row per prompt: its name and the model's continuation (text when the dataset can decode
+    its tokens, else the token ids). One generator for all prompts, seeded once, as ``runjob
+    predict --seed`` draws."""
+    import torch
+
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(int(seed))
+    rows = []
+    for index in range(len(items)):
+        name, tokens = items[index]
+        new = task.generate(model, tokens[None].to(device), int(max_new_tokens), context, float(temperature), generator)
+        ids = new[0].tolist()
+        rows.append({"input": name, "continuation": decode(ids) if decode else ids})
+    return rows
+
+
+def column_types(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The MLflow type of each column of prediction rows (``input`` left out): ``long``, ``double``,
+    ``string``, or ``string`` for a list of token ids written as JSON by the caller."""
+    types: dict[str, str] = {}
+    for row in rows[:1]:
+        for name, value in row.items():
+            if name == "input":
+                continue
+            types[name] = (
+                "boolean"
+                if isinstance(value, bool)
+                else "long"
+                if isinstance(value, int)
+                else "double"
+                if isinstance(value, float)
+                else "string"
+            )
+    return types

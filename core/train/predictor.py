@@ -1,0 +1,60 @@
+"""The run's predictor, saved at the end of training for its MLflow model: the task, the dataset's
+:class:`runjob.Inputs` (the preprocessing fitted on the training data), the class names and a
+language model's context, pickled into ``OUTPUT_DIR/prediction.pkl`` (``runjob.record.prediction``),
+with the columns the MLflow model's signature declares."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import describe
+from runjob.record.prediction import Predictor, column_types
+
+SHARDED = ("FSDP", "DEEPSPEED")
+
+
+def save_predictor(
+    job: Any, accelerator: Any, model: Any, splits: Any, task: Any, output_dir: Path
+) -> tuple[dict[str, Any] | None, str | None]:
+    """Pickle the run's predictor into ``output_dir``; returns what the MLflow model's signature
+    needs (input and output columns, whether it generates), or ``None`` and the line that says
+    why the MLflow model cannot predict from raw inputs. Call it on the main process only."""
+    plain = "the MLflow model takes the model's input tensors as they are (not raw inputs as `runjob predict` does): "
+    inputs = splits.inputs
+    if inputs is None:
+        return None, plain + (
+            f"dataset {job.dataset.name!r} gives no runjob.Inputs (DatasetSplits.inputs), so its preprocessing "
+            "cannot travel in the model"
+        )
+    from runjob.train.trained import sample_batch
+
+    context, outputs = None, None
+    if task.generates:
+        context = int(task.inputs(sample_batch(splits.val, 1)).shape[-1])  # the length the model was trained on
+        outputs = {"continuation": "string"} if inputs.decodes else None
+    elif accelerator.distributed_type.name not in SHARDED:  # a sharded model's forward needs every process
+        outputs = _output_columns(accelerator.unwrap_model(model), task, splits)
+    predictor = Predictor(task, inputs, splits.classes, context, outputs)
+    try:
+        predictor.save(output_dir)
+    except Exception as error:  # noqa: BLE001 - pickle raises many kinds for an object it cannot store
+        return None, plain + f"the task or the dataset's inputs cannot be pickled ({describe(error)})"
+    return {"inputs": dict(inputs.columns), "outputs": outputs, "generates": task.generates}, None
+
+
+def _output_columns(model: Any, task: Any, splits: Any) -> dict[str, str] | None:
+    """The columns a prediction row has, from two validation samples through the trained model."""
+    from runjob.record.prediction import prediction_rows
+    from runjob.train.trained import sample_batch
+
+    batch = task.inputs(sample_batch(splits.val, 2))
+    training = model.training
+    model.eval()
+    try:
+        rows = prediction_rows(model, task, splits.classes, [(str(i), x) for i, x in enumerate(batch)], 2, "")
+    except Exception:  # noqa: BLE001 - only the signature's outputs depend on it: the model still predicts
+        return None
+    finally:
+        model.train(training)
+    return column_types(rows) or None
