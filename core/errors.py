@@ -8,6 +8,7 @@ exits with its ``exit_code``; it never shows a traceback for one of these.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 
 class RunjobError(Exception):
@@ -51,11 +52,51 @@ class TrackingError(RunjobError):
 
 
 class Terminated(BaseException):
-    """The process was asked to stop (SIGTERM): the run ends KILLED, the exit code is 128 + signal."""
+    """The process was asked to stop (SIGTERM, Ctrl-C, ``train.stop_signal``): the run ends KILLED
+    after writing ``checkpoint`` at ``step``, the exit code is 128 + signal. ``resume_command``: how
+    to go on, set on the main process."""
 
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
+    def __init__(self, signum: int, checkpoint: Path | None = None, step: int | None = None) -> None:
+        self.signum, self.checkpoint, self.step = signum, checkpoint, step
+        self.resume_command: str | None = None
         super().__init__(f"stopped by signal {signum}")
+
+    def said(self) -> list[str]:
+        """The lines the command line ends with."""
+        import signal
+
+        try:
+            name = f" ({signal.Signals(self.signum).name})"
+        except ValueError:
+            name = ""
+        where = f" at step {self.step}" if self.step is not None else ""
+        written = f" after writing checkpoint {self.checkpoint}" if self.checkpoint is not None else ""
+        lines = [f"stopped by signal {self.signum}{name}{where}{written}"]
+        if self.resume_command:
+            lines.append(f"to go on: {self.resume_command}")
+        return lines
+
+
+class Interrupted(KeyboardInterrupt):
+    """A second Ctrl-C stopped the run at once, without a checkpoint: the run ends KILLED, the exit
+    code is 130. ``checkpoint``: the newest complete one (None: there is none); ``resume_command``:
+    how to go on from it, or to start again in the same folder."""
+
+    def __init__(self, checkpoint: Path | None, resume_command: str | None) -> None:
+        self.checkpoint, self.resume_command = checkpoint, resume_command
+        super().__init__("stopped at once by a second Ctrl-C")
+
+    def said(self) -> list[str]:
+        """The lines the command line ends with."""
+        newest = (
+            f"the newest complete checkpoint is {self.checkpoint}"
+            if self.checkpoint is not None
+            else "there is no complete checkpoint"
+        )
+        lines = [f"interrupted: stopped at once by a second Ctrl-C, without a checkpoint; {newest}"]
+        if self.resume_command:
+            lines.append(f"to {'go on' if self.checkpoint is not None else 'start again there'}: {self.resume_command}")
+        return lines
 
 
 def user_message(error: BaseException) -> str:

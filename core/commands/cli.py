@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from runjob.errors import RunjobError, Terminated, user_message
+    from runjob.errors import Interrupted, RunjobError, Terminated, user_message
 
     try:
         with _plugin_settings(args):
@@ -340,11 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     except RunjobError as error:
         _print_problems(user_message(error))
         return error.exit_code
-    except KeyboardInterrupt:
-        print("runjob: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupted:  # a run's second Ctrl-C (Interrupted) says how to go on
+        _print_problems("\n".join(interrupted.said() if isinstance(interrupted, Interrupted) else ["interrupted"]))
         return 130
     except Terminated as stopped:
-        print(f"runjob: stopped by signal {stopped.signum}", file=sys.stderr)
+        _print_problems("\n".join(stopped.said()))
         return 128 + stopped.signum
     except Exception:  # not a user's mistake: show where it happened
         import traceback

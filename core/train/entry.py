@@ -11,6 +11,8 @@ and Accelerate's process-wide state it found.
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -86,7 +88,8 @@ def run(
         print(first_line(job, output_dir, resume), flush=True)
         if launch.num_processes > 1 or launch.num_machines > 1:
             worker = run_arguments(job_file, overrides, output_dir, resume, tags, tracking_uri)
-            code = launch_workers(launch, worker, output_dir)
+            going_on = (job_file, list(overrides), tracking_uri)  # said if the workers are stopped
+            code = launch_workers(launch, worker, output_dir, job.train.stop_signal, going_on)
             return RunOutcome(code, output_dir, run_id_in(output_dir))
     from runjob.train.runner import run_job
 
@@ -105,7 +108,12 @@ def first_line(job: ResolvedJob, output_dir: Path | None, resume: Any) -> str:
         )
         if part
     )  # whichever ends first
-    where = f"resuming in {output_dir or resume}" if resume else f"output in {output_dir}"
+    from runjob.train.checkpoints import AUTO, complete_checkpoints
+
+    if resume == AUTO and output_dir is not None and not complete_checkpoints(output_dir):
+        where = f"starting afresh in {output_dir}"  # --resume auto with nothing to resume yet
+    else:
+        where = f"resuming in {output_dir or resume}" if resume else f"output in {output_dir}"
     return f"runjob: {job.job.name}: {job.model.name} on {job.dataset.name} ({job.task.name}), {length}; {where}"
 
 
@@ -129,6 +137,32 @@ def run_arguments(
     if tracking_uri:
         arguments += ["--tracking-uri", tracking_uri]
     return arguments
+
+
+def resume_command(
+    job_file: str | Path,
+    overrides: Sequence[str],
+    output_dir: Path,
+    tracking_uri: str | None = None,
+    *,
+    afresh: bool = False,
+    redacted: bool = False,
+) -> str:
+    """The ``runjob`` command, quoted to be pasted into a shell, that continues the run in
+    ``output_dir`` from its newest complete checkpoint, with the run's ``--set`` overrides, its
+    ``--tracking-uri`` and the plugins it left out. ``afresh``: there is no checkpoint, so
+    ``--resume auto``, which starts the run again in that folder (the attempt kept aside).
+    ``redacted``: secrets hidden, for the record (then it cannot be pasted as it is)."""
+    from runjob.host.plugin_host import DISABLE_ENVIRONMENT
+    from runjob.job.redaction import redact_override, redact_text
+
+    words = ["runjob", str(job_file), "--output-dir", str(output_dir), "--resume", *(["auto"] if afresh else [])]
+    words += [part for override in overrides for part in ("--set", redact_override(override) if redacted else override)]
+    if tracking_uri:
+        words += ["--tracking-uri", redact_text(tracking_uri) if redacted else tracking_uri]
+    disabled = [name for name in os.environ.get(DISABLE_ENVIRONMENT, "").split(",") if name.strip()]
+    words += [part for name in disabled for part in ("--disable-plugin", name.strip())]
+    return shlex.join(words)
 
 
 def parse_tags(texts: Sequence[str]) -> dict[str, Any]:

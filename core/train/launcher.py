@@ -86,15 +86,38 @@ def torchrun_arguments(launch: Any, run_arguments: list[str]) -> list[str]:
     return [*arguments, "-m", "runjob", *run_arguments]
 
 
-def launch_workers(launch: Any, run_arguments: list[str], output_dir: Path | None) -> int:
+TORCHRUN_SIGNALS = "PET_SIGNALS_TO_HANDLE"
+"""torchrun's ``--signals-to-handle``, given through the environment as torchrun reads any option:
+the signals it turns into a shutdown of the workers (default SIGTERM, SIGINT, SIGHUP, SIGQUIT). It
+copies the value to ``TORCHELASTIC_SIGNALS_TO_HANDLE``. A torch without the option (before 2.9)
+installs its handler for SIGTERM and SIGINT over runjob's: then each repeated Ctrl-C ends torchrun's
+wait, and its second wait (a SIGTERM shutdown) is all that keeps the workers' checkpoint."""
+TORCHRUN_SIGNALS_SET = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+
+def launch_workers(
+    launch: Any,
+    run_arguments: list[str],
+    output_dir: Path | None,
+    stop_signal: str | None = None,
+    going_on: tuple[Any, ...] | None = None,
+) -> int:
     """Start the workers and wait; returns 0, or the exit code of the first worker that failed.
 
-    A stop signal sent to this process (SIGTERM from a scheduler) reaches the workers through
-    torchrun, which gives them time to write a checkpoint; the exit code is then 128 + signal.
+    A stop signal sent to this process (SIGTERM from a scheduler, Ctrl-C, ``stop_signal``) reaches
+    the workers through torchrun, which gives them time to write a checkpoint; the exit code is then
+    128 + signal, and the last lines say the newest checkpoint and how to go on (``going_on``: the
+    job file, overrides and tracking URI for :func:`runjob.train.entry.resume_command`).
+    Only a new Ctrl-C (:mod:`runjob.train.stopping`) is passed on again, to stop the workers at once,
+    and this process waits for them. torchrun's own handler ends its wait at each repeated signal:
+    the copy ``uv run`` passes on turned a Ctrl-C into a second shutdown with SIGTERM, and a second
+    Ctrl-C then left the workers running, in sessions of their own, after this process exited.
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
+
+    from runjob.train.stopping import StopSignals
 
     arguments = torchrun_arguments(launch, run_arguments)
     print(
@@ -102,12 +125,20 @@ def launch_workers(launch: Any, run_arguments: list[str], output_dir: Path | Non
         f"{launch.num_machines} (torch.distributed.run)",
         file=sys.stderr,
     )
+    ours = [signal.SIGTERM, signal.SIGINT, *([getattr(signal, stop_signal)] if stop_signal else [])]
+
+    def shut_down(signum: int) -> None:  # torchrun's own way: it sends the signal to every worker and waits
+        raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+
+    saved = {name: os.environ.get(name) for name in (TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_SET)}
+    theirs = (saved[TORCHRUN_SIGNALS] or "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
+    os.environ[TORCHRUN_SIGNALS] = ",".join(s for s in theirs if s.strip() not in {x.name for x in ours}) or "SIGHUP"
+    listener = StopSignals(ours, shut_down, on_again=_interrupt_workers)
     try:
-        run(parse_args(arguments))
+        with listener:
+            run(parse_args(arguments))
     except SignalException as stopped:
-        print(
-            f"runjob: stopped by {stopped.sigval.name}; the workers were asked to checkpoint and stop", file=sys.stderr
-        )
+        _say_stopped(stopped.sigval, listener.again, output_dir, going_on)
         return 128 + int(stopped.sigval)
     except ChildFailedError as failed:
         rank, failure = failed.get_first_failure()
@@ -119,4 +150,41 @@ def launch_workers(launch: Any, run_arguments: list[str], output_dir: Path | Non
         if output_dir is not None:
             close_failed_run(output_dir, reason)
         return code or 1
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return 0
+
+
+def _interrupt_workers() -> None:
+    """A new Ctrl-C while the workers stop: pass it on (each worker leads a session of its own,
+    with its DataLoader workers), so they stop at once."""
+    import psutil
+
+    for child in psutil.Process().children():
+        try:
+            if os.getpgid(child.pid) == child.pid:
+                os.killpg(child.pid, signal.SIGINT)
+        except (ProcessLookupError, PermissionError):
+            pass  # it has just exited
+
+
+def _say_stopped(
+    sigval: signal.Signals, at_once: bool, output_dir: Path | None, going_on: tuple[Any, ...] | None
+) -> None:
+    from runjob.train.checkpoints import complete_checkpoints
+    from runjob.train.entry import resume_command
+
+    how = (
+        "at once by a second Ctrl-C" if at_once else f"by {sigval.name}; the workers were asked to checkpoint and stop"
+    )
+    found = complete_checkpoints(output_dir) if output_dir is not None else []
+    newest = f"newest complete checkpoint {found[-1]}" if found else "no complete checkpoint was written"
+    print(f"runjob: stopped {how}; {newest}", file=sys.stderr)
+    if going_on is not None and output_dir is not None:
+        job_file, overrides, tracking_uri = going_on
+        command = resume_command(job_file, overrides, output_dir, tracking_uri, afresh=not found)
+        print(f"runjob: to {'go on' if found else 'start again there'}: {command}", file=sys.stderr)
