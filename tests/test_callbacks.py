@@ -4,6 +4,7 @@ the run cleanly and keep state across a resume; one that breaks is named."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from helpers import SMALL_DIGITS, uploaded_best
@@ -105,7 +106,7 @@ def test_early_stopping_ends_the_run_finished_with_its_models(watched):
     assert run.tags["runjob.stopped"].startswith("early_stopping: val/loss did not improve on")
     assert run.tags["runjob.stopped.step"] == "88", "two evaluations: the first sets the best, the second waits"
     assert run.steps("val/loss") == [44, 88]
-    assert run.models() == {"model"}, "the final weights, in the logged model"
+    assert run.models() == {"patience"}, "the final weights, in the logged model"
     assert run.artifacts("best") == uploaded_best(run.tags["runjob.output_dir"])
     assert "runjob: stopping at step 88: early_stopping" in result.stdout
 
@@ -131,6 +132,12 @@ def test_a_callbacks_metric_reaches_the_record_and_can_pick_the_best(watched):
     assert [value for _, value in rates] == pytest.approx([1 - value for _, value in accuracy])
     best = json.loads((watched.path / "out" / "best" / "best.json").read_text())
     assert best["metric"] == "val/error_rate" and best["value"] == pytest.approx(min(v for _, v in rates))
+    epoch_lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    shown = [re.search(r"  val/error_rate (\S+)  ", line) for line in epoch_lines]
+    assert len(epoch_lines) == 2 and all(shown), "each epoch line shows the callback's metric, as the task's"
+    assert [float(found.group(1)) for found in shown] == pytest.approx([value for _, value in rates], abs=5e-4)
+    (finished,) = [line for line in result.stdout.splitlines() if line.startswith("runjob: finished logged")]
+    assert finished.endswith(f": val/error_rate {rates[-1][1]:.4g}"), "the run ends with the best_metric's value"
     synced = watched.cli("sync", "out")
     assert synced.returncode == 0, synced.stderr[-2000:]
     run = watched.only_run("logged")

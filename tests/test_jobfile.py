@@ -106,7 +106,9 @@ def test_overrides_apply_in_order_and_are_marked(tmp_path):
     loaded = load_job(job, ["optimizer.lr=0.05", "strategy.name=ddp", "optimizer.lr=0.01"])
     assert loaded.data["optimizer"]["lr"] == 0.01
     assert loaded.data["strategy"] == {"name": "ddp"}
-    assert loaded.origin("optimizer.lr").file == "--set"
+    assert loaded.origin("optimizer.lr").file == "--set optimizer.lr=0.01", "the override that set it last"
+    assert loaded.origin("strategy").file == "--set strategy.name=ddp", "the table it created"
+    assert loaded.origin("optimizer").file == str(job), "a table of the file stays the file's"
 
 
 @pytest.mark.parametrize("override", ["optimizer.lr", "=3", "optimizer..lr=1", "optimizer.name.x=1"])
@@ -114,4 +116,4 @@ def test_malformed_overrides_are_reported(tmp_path, override):
     job = write_job(tmp_path / "job.toml", '[optimizer]\nname = "sgd"\n')
     with pytest.raises(JobError) as caught:
         load_job(job, [override])
-    assert str(caught.value).startswith("--set:")
+    assert str(caught.value).startswith(f"--set {override}: ")

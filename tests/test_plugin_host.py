@@ -164,6 +164,6 @@ def test_a_hook_with_a_wrong_argument_name_only_matters_to_jobs_that_need_its_pl
     needs = tester.cli("validate", "job.toml", "--set", "model.name=careless_net")
     assert needs.returncode == 2
     (line,) = needs.stderr_lines
-    assert line.startswith("runjob: --set: model.name: unknown model 'careless_net'")
+    assert line.startswith("runjob: --set model.name=careless_net: model.name: unknown model 'careless_net'")
     failed = f"Plugins that failed to load, which may have provided it: careless ({reason})."
     assert failed in line and line.index(failed) < line.index("Known models: ")

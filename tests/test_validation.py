@@ -101,6 +101,16 @@ def test_every_problem_is_reported_with_file_line_and_key(tmp_path, host, digits
     assert f"{job}:11: optimizer.lr: Input should be greater than 0 (got -0.1)" in text
 
 
+def test_a_mistake_in_a_set_override_names_the_override(contract, host):
+    found = problems(
+        contract, host, ["trian.epochs=2", "train.epochs=0", "optimizer.lr=0.5", "tracking.api_token=hunter2"]
+    )
+    assert found[0].startswith("--set trian.epochs=2: trian: unknown table; did you mean [train]?"), found
+    assert "--set train.epochs=0: train.epochs: Input should be greater than or equal to 1 (got 0)" in found
+    assert found[2].startswith("--set tracking.api_token=***: tracking.api_token: unknown key"), "secrets stay hidden"
+    assert len(found) == 3 and not any("hunter2" in p for p in found)
+
+
 def test_unknown_component_option_suggests_the_right_key(contract, host):
     found = problems(contract, host, ["optimizer.learning_rate=0.1", "model.num_class=3"])
     assert any(

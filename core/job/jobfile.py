@@ -15,16 +15,28 @@ from typing import Any
 
 from runjob.errors import JobError, Problem
 from runjob.job.keys import flat
+from runjob.job.redaction import redact_override
 
 OVERRIDE_SOURCE = "--set"
 
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a value was written: a file and line, or a ``--set`` override."""
+    """Where a value was written: a file and line, or a ``--set`` override (``file`` is then the
+    override as given, ``--set table.key=value`` with a secret's value hidden, so a problem with it
+    names the override, not the job file)."""
 
     file: str
     line: int | None = None
+
+    @property
+    def from_override(self) -> bool:
+        return self.file.startswith(OVERRIDE_SOURCE + " ")
+
+
+def override_origin(override: str) -> Origin:
+    """The origin of what ``override`` (``table.key=value``) sets."""
+    return Origin(f"{OVERRIDE_SOURCE} {redact_override(override.strip())}")
 
 
 @dataclass
@@ -156,26 +168,28 @@ def parse_override_value(text: str) -> Any:
 
 
 def apply_override(job: RawJob, override: str) -> Problem | None:
-    """Apply one ``table.key=value`` override to ``job``; return a problem instead of raising."""
+    """Apply one ``table.key=value`` override to ``job``; return a problem instead of raising.
+    What it sets, and each table it creates, has the override as its origin."""
+    origin = override_origin(override)
     key, sep, value_text = override.partition("=")
     key = key.strip()
     if not sep or not key or not re.fullmatch(_DOTTED, key):
-        return Problem(
-            OVERRIDE_SOURCE, override, "an override must look like table.key=value, e.g. --set optimizer.lr=0.05"
-        )
+        return Problem(origin.file, "", "an override must look like table.key=value, e.g. --set optimizer.lr=0.05")
     parts = split_dotted(key)
     table = job.data
     for depth, part in enumerate(parts[:-1]):
+        inner = ".".join(parts[: depth + 1])
+        if part not in table:  # a table only this override names: a problem with it is the override's
+            job.origins[inner] = origin
         existing = table.setdefault(part, {})
         if not isinstance(existing, dict):
-            inner = ".".join(parts[: depth + 1])
-            return Problem(OVERRIDE_SOURCE, key, f"cannot set a key inside {inner}, which is a value, not a table")
+            return Problem(origin.file, key, f"cannot set a key inside {inner}, which is a value, not a table")
         table = existing
     table[parts[-1]] = parse_override_value(value_text.strip())
     dotted = ".".join(parts)
     for old in [k for k in job.origins if k.startswith(dotted + ".")]:
         del job.origins[old]
-    job.origins[dotted] = Origin(OVERRIDE_SOURCE)
+    job.origins[dotted] = origin
     return None
 
 

@@ -21,7 +21,7 @@ from runjob.host.kinds import MANY_TABLES
 from runjob.host.kinds import NAMES as COMPONENT_TABLES
 from runjob.host.plugin_host import ComponentLookupError, PluginHost
 from runjob.host.task import EVALUATION_PREFIXES, declared_metrics
-from runjob.job.jobfile import RawJob, load_job
+from runjob.job.jobfile import RawJob, load_job, override_origin
 from runjob.job.keys import flat
 from runjob.job.schema import (
     HOST_TABLES,
@@ -257,7 +257,11 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
             sweep = _sweep_metric(sweep, metrics, chosen["task"].name, raw, problems)
 
     if problems:
-        raise JobError(sorted(problems, key=lambda p: (p.file != str(raw.path), p.file, p.line or 0)))
+        given = {override_origin(text).file: index for index, text in enumerate(raw.overrides)}
+        # the job file's problems first, in line order; then its bases'; then the overrides', as given
+        raise JobError(
+            sorted(problems, key=lambda p: (p.file != str(raw.path), given.get(p.file, -1), p.file, p.line or 0))
+        )
     return ResolvedJob(
         source=raw,
         loader=loader,

@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from runjob.job.jobfile import OVERRIDE_SOURCE
 from runjob.job.redaction import redact_tables
 from runjob.record.tracking import flatten
 
@@ -20,7 +19,7 @@ def job_sources(job: Any) -> dict[str, dict[str, Any]]:
         origin = job.source.origins.get(key)
         if origin is None:
             sources[key] = {"value": value, "from": "default"}
-        elif origin.file == OVERRIDE_SOURCE:
+        elif origin.from_override:
             sources[key] = {"value": value, "from": "--set"}
         else:
             kind = "job file" if origin.file == main_file else "extends"

@@ -17,7 +17,10 @@ def test_bad_options_are_reported_against_the_job_file(runjob_with_plugin):
     runjob_with_plugin.write_job("job.toml", JOB)
     result = runjob_with_plugin.cli("validate", "job.toml", "--set", "model.hidden_size=0", "--set", "model.dropout=1")
     assert result.returncode == 2
-    assert "runjob: --set: model.hidden_size: Input should be greater than or equal to 1 (got 0)" in result.stderr
+    assert (
+        "runjob: --set model.hidden_size=0: model.hidden_size: Input should be greater than or equal to 1 (got 0)"
+        in result.stderr
+    )
     assert "model.dropout: Input should be less than 1" in result.stderr
     assert "Traceback" not in result.stderr
 
