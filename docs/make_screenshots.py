@@ -1,4 +1,4 @@
-"""Remake the README's `mlflow ui` screenshots (docs/mlflow-*.png) from two real runjob runs.
+"""Remake the README's `mlflow ui` screenshots (docs/mlflow-*.png) from a real runjob sweep and runs.
 
 Run by hand; nothing in the tests or the package uses it. It needs:
 
@@ -6,30 +6,42 @@ Run by hand; nothing in the tests or the package uses it. It needs:
 - Playwright for Python, brought in for this one command by `uv run --with playwright`, so it is
   not one of the project's dependencies (its own browser download is not used);
 - Pillow (already in the environment through torchvision);
-- two runs of one experiment in an MLflow store, made for example like this (about a minute or
-  two each on a CPU):
+- runs of one experiment in an MLflow store: a sweep of three trials and two plain runs, made for
+  example like this from the repository root (a few seconds each on a CPU; data/diabetes.csv as
+  the README says):
 
-    mkdir -p /tmp/shots && cd /tmp/shots
     export MLFLOW_TRACKING_URI=sqlite:////tmp/shots/mlflow.db
-    uv run --project /path/to/runjob runjob /path/to/runjob/jobs/digits.toml \\
-        --set optimizer.lr=0.003 --set train.epochs=2
-    uv run --project /path/to/runjob runjob /path/to/runjob/jobs/digits.toml \\
-        --set optimizer.lr=0.001 --set train.epochs=2
-    uv run --project /path/to/runjob runjob runs      # the two run ids
+    cat > /tmp/shots/sweep.toml <<'TOML'
+    extends = "/path/to/runjob/jobs/diabetes.toml"
+    [dataset]
+    path = "/path/to/runjob/data/diabetes.csv"
+    [sweep]
+    method = "random"
+    trials = 3
+    seed = 3
+    [sweep.parameters]
+    "optimizer.lr" = { low = 0.003, high = 0.1, log = true }
+    "train.batch_size" = [32, 64]
+    TOML
+    uv run runjob sweep /tmp/shots/sweep.toml --output-dir /tmp/shots/sweep
+    uv run runjob jobs/diabetes.toml --set optimizer.lr=0.003 --output-dir /tmp/shots/run-a
+    uv run runjob jobs/diabetes.toml --set optimizer.lr=0.01 --output-dir /tmp/shots/run-b
+    uv run runjob runs      # the run ids
 
 Then, from the repository root:
 
     uv run --with playwright python docs/make_screenshots.py \\
-        --tracking-uri sqlite:////tmp/shots/mlflow.db RUN_A RUN_B
+        --tracking-uri sqlite:////tmp/shots/mlflow.db --page RUN_B TRIAL_1 TRIAL_2 TRIAL_3
 
 starts `mlflow server` on a free local port for that store (or use `--ui-url URL` for a UI that is
-already running), drives headless Chromium through the experiment's runs table (both runs ticked),
-the Compare view (parameters with "Show diff only" on, all metrics) and the metric charts searched
-down to val/accuracy and val/loss, and the first run's own page (description, logged model, tags),
-and writes docs/mlflow-runs-table.png, docs/mlflow-compare.png, docs/mlflow-charts.png and
-docs/mlflow-run.png (`--out-dir` to write elsewhere). The server and browser it started are
-stopped before it exits. Written against MLflow 3.17's UI; another version may need its selectors
-adjusted.
+already running), drives headless Chromium through the experiment's runs table (the sweep's
+parent unfolded, the runs given ticked), the Compare view of those runs as it opens (the
+parallel-coordinates plot with the metric MLflow chose for it, the run names), the charts of every
+run of the experiment searched down to `val/`, and the `--page` run's own page (description,
+logged model, params, tags), and writes docs/mlflow-runs-table.png, docs/mlflow-compare.png,
+docs/mlflow-charts.png and docs/mlflow-run.png (`--out-dir` to write elsewhere). The server and
+browser it started are stopped before it exits. Written against MLflow 3.17's UI; another version
+may need its selectors adjusted.
 """
 
 from __future__ import annotations
@@ -105,7 +117,18 @@ def close_assistant(page) -> None:
         close.first.click()
 
 
-def take(ui_url: str, run_a: str, run_b: str, experiment_id: str, out_dir: Path) -> list[Path]:
+def unfold(page, run_ids: list[str]) -> None:
+    """Unfold the parent runs in the runs table (a sweep's) when the runs ``run_ids`` are folded
+    away in them: the table remembers what was unfolded from one view to the next."""
+    page.wait_for_timeout(1000)
+    if page.locator(f"[role=row] a[href*='{run_ids[0]}']").count():
+        return
+    for expander in page.locator("button[data-component-id*='runnamecellrenderer']").all():
+        expander.click()
+    page.locator(f"[role=row] a[href*='{run_ids[0]}']").first.wait_for()
+
+
+def take(ui_url: str, compared: list[str], page_run: str, experiment_id: str, out_dir: Path) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
     written = []
@@ -119,71 +142,65 @@ def take(ui_url: str, run_a: str, run_b: str, experiment_id: str, out_dir: Path)
         )
         try:
             page = browser.new_page()
+            runs_page = f"{ui_url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
 
-            # 1. The experiment's runs table, filtered to the two runs, both ticked: the Compare
-            # button appears.
-            runs_filter = urllib.parse.quote(f"attributes.run_id IN ('{run_a}', '{run_b}')")
-            page.goto(
-                f"{ui_url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&searchFilter={runs_filter}"
-            )
-            page.wait_for_function("document.body.innerText.includes('2 matching runs')", timeout=90_000)
+            # 1. The experiment's runs table as it opens, the sweep's parent unfolded, the compared
+            # runs ticked: the Compare button appears.
+            page.goto(runs_page)
+            page.get_by_text("matching runs").wait_for(timeout=90_000)
             close_assistant(page)
-            page.locator("input[type=checkbox]:visible").first.click()  # the header's "select all"
+            unfold(page, compared)
+            rows = page.locator("[role=row]")
+            for run_id in compared:  # a row's name links to the run's page, whose URL holds its id
+                row = rows.filter(has=page.locator(f"a[href*='{run_id}']")).first
+                row.locator("input.ag-checkbox-input").click()
             compare = page.get_by_role("button", name="Compare", exact=True)
             compare.wait_for()
             page.wait_for_timeout(1000)
             path = out_dir / "mlflow-runs-table.png"
-            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": 330})
+            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": 460})
             written.append(path)
 
-            # 2. Compare, as a person would; the view for these two runs only.
+            # 2. Compare, as a person would: the view as it opens, nothing chosen by hand.
             compare.click()
-            page.get_by_text("Comparing 2 Runs").wait_for(timeout=90_000)
-            page.get_by_role("switch", name="Parameters - Show diff only").wait_for(timeout=90_000)
-            for run_id in (run_a, run_b):
+            page.get_by_text(f"Comparing {len(compared)} Runs").wait_for(timeout=90_000)
+            page.get_by_text("Parallel Coordinates Plot").first.wait_for(timeout=90_000)
+            for run_id in compared:
                 page.get_by_text(run_id, exact=True).first.wait_for()
             close_assistant(page)
             page.get_by_text("Model training", exact=True).click()  # the sidebar for training runs
-            page.get_by_text("Visualizations", exact=True).click()  # fold the plots away
-            page.get_by_role("switch", name="Parameters - Show diff only").click()
-            page.set_viewport_size({"width": 1600, "height": 1200})
-            # The metrics table scrolls in a box of its own (system/... metrics first); it is left
-            # at its top: scrolling it by script moved the values without the names column, so
-            # val/... and train/... are shown by the charts below instead.
-            page.get_by_text("val/loss", exact=True).first.wait_for()
-            page.wait_for_timeout(1500)
-            artifacts = page.get_by_text("Artifacts", exact=True).first.bounding_box()
-            height = min(1200, round(artifacts["y"] + artifacts["height"] + 90))
+            page.wait_for_timeout(3000)  # let the plot finish drawing
             path = out_dir / "mlflow-compare.png"
-            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": height})
+            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": 880})
             written.append(path)
 
-            # 3. The runs' metric charts, searched down to val/accuracy and val/loss.
-            page.set_viewport_size({"width": 1600, "height": 1000})
-            page.goto(
-                f"{ui_url}/#/experiments/{experiment_id}/runs"
-                f"?workflowType=machine_learning&compareRunsMode=CHART&searchFilter={runs_filter}"
-            )
+            # 3. Every run's charts (the trials too), searched down to the val/ metrics; the sweep's
+            # own sections (best/val/, sweep/val/, which sort first) folded away.
+            page.goto(runs_page.replace("?", "?compareRunsMode=CHART&", 1))
             search = page.get_by_placeholder("Search metric charts")
             search.wait_for(timeout=90_000)
             close_assistant(page)
+            unfold(page, compared)
             search.fill("val/")
-            page.get_by_text("val/accuracy", exact=True).first.wait_for()
-            page.get_by_text("val/loss", exact=True).first.wait_for()
+            headers = page.get_by_test_id("experiment-view-compare-runs-section-header")
+            headers.filter(has=page.get_by_text("val", exact=True)).wait_for()
+            for name in ("best/val", "sweep/val"):
+                folded = headers.filter(has=page.get_by_text(name, exact=True))
+                if folded.count():
+                    folded.click()
             page.wait_for_timeout(3000)  # let the plots finish drawing
             path = out_dir / "mlflow-charts.png"
-            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": 640})
+            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": 700})
             written.append(path)
 
-            # 4. The first run's own page: its description (job.description), its logged model
-            # and runjob's tags.
-            page.goto(f"{ui_url}/#/experiments/{experiment_id}/runs/{run_a}")
+            # 4. One run's own page: its description (job.description), logged model, params and tags.
+            page.goto(f"{ui_url}/#/experiments/{experiment_id}/runs/{page_run}")
             page.get_by_text("Logged models").first.wait_for(timeout=90_000)
             close_assistant(page)
             page.get_by_text("runjob.best.metric").first.wait_for(timeout=90_000)
             page.wait_for_timeout(1500)
             path = out_dir / "mlflow-run.png"
-            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": 900})
+            page.screenshot(path=path, clip={"x": 0, "y": 0, "width": 1600, "height": 1000})
             written.append(path)
         finally:
             browser.close()
@@ -194,8 +211,8 @@ def take(ui_url: str, run_a: str, run_b: str, experiment_id: str, out_dir: Path)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run_a")
-    parser.add_argument("run_b")
+    parser.add_argument("runs", nargs="+", metavar="RUN", help="the runs to tick and compare (a sweep's trials)")
+    parser.add_argument("--page", required=True, metavar="RUN", help="the run whose own page is shown")
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--tracking-uri", help="store to serve with a temporary `mlflow server`")
     where.add_argument("--ui-url", help="an MLflow UI already running, e.g. http://127.0.0.1:5000")
@@ -229,11 +246,11 @@ def main() -> None:
         )
     try:
         wait_for_health(ui_url)
-        experiment_a = experiment_of(ui_url, args.run_a)
-        if experiment_of(ui_url, args.run_b) != experiment_a:
-            raise SystemExit("make_screenshots: the two runs must belong to one experiment")
+        experiments = {experiment_of(ui_url, run_id) for run_id in [*args.runs, args.page]}
+        if len(experiments) != 1 or len(args.runs) < 2:
+            raise SystemExit("make_screenshots: give two or more runs to compare, and --page, all of one experiment")
         args.out_dir.mkdir(parents=True, exist_ok=True)
-        for path in take(ui_url, args.run_a, args.run_b, experiment_a, args.out_dir):
+        for path in take(ui_url, args.runs, args.page, experiments.pop(), args.out_dir):
             print(f"{path}  {path.stat().st_size / 1000:.0f} kB")
     finally:
         if server is not None:

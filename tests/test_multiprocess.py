@@ -384,7 +384,7 @@ def test_one_process_asking_to_stop_stops_both_cleanly_with_the_ema_average(chec
     assert run.tags["runjob.stopped"] == "the second process saw step 5"
     assert run.tags["runjob.stopped.step"] == "6", "the processes agree at the next log step (every 2 steps)"
     assert run.history("train/steps_seen") == [(step, float(step)) for step in range(1, 7)], "the main process's"
-    assert run.models() == {"model"} and run.artifacts("best") == uploaded_best(checked.path / "out")
+    assert run.models() == {"stopped"} and run.artifacts("best") == uploaded_best(checked.path / "out")
     assert not processes_in(checked.path)
     # ema under DDP: both processes kept the same average, and the saved model is that average
     import torch

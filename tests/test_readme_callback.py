@@ -53,5 +53,5 @@ def test_the_readmes_callback_stops_the_run_and_logs_its_metric(tester):
     assert run.status == "FINISHED"
     assert run.tags["runjob.stopped"] == "target: val/accuracy reached 0.7 at 2 evaluations in a row"
     assert run.tags["runjob.stopped.step"] == "132", "three of six epochs"
-    assert run.models() == {"model"} and run.artifacts("best") == uploaded_best(tester.path / "out")
+    assert run.models() == {"target"} and run.artifacts("best") == uploaded_best(tester.path / "out")
     assert run.history("val/target_gap") == gaps

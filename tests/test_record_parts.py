@@ -219,8 +219,8 @@ def test_a_pickled_mlflow_model_is_built_by_the_recording_side_from_the_saved_we
 
     tester.write_job("job.toml", SMALL_DIGITS.format(name="pickled") + "max_steps = 2\n")
     run = tester.run("job.toml", "tracking.log_model=pickle", output_dir="out")
-    assert run.mlflow.models() == {"model"} and "model.safetensors" in run.mlflow.artifacts()
-    logged = mlflow.pytorch.load_model(f"runs:/{run.run_id}/model")
+    assert run.mlflow.models() == {"pickled"} and "model.safetensors" in run.mlflow.artifacts()
+    logged = mlflow.pytorch.load_model(f"runs:/{run.run_id}/pickled")
     weights = load_file(str(run.output_dir / "model.safetensors"))
     assert all(torch.equal(logged.state_dict()[k], v) for k, v in weights.items()), "the trained weights"
     with torch.no_grad():

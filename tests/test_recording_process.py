@@ -49,7 +49,7 @@ def test_training_never_imports_mlflow_and_the_mlflow_run_is_complete_when_the_c
     for key in ("train/loss", "val/accuracy"):
         assert run.history(key) == [(p["step"], p["value"]) for p in local if p["key"] == key], key
     assert run.params["train.epochs"] == "2" and run.tags["runjob.device"] == "cpu"
-    assert run.models() == {"model"}, "the MLflow model, written and logged by the recording process"
+    assert run.models() == {"apart"}, "the MLflow model, written and logged by the recording process"
     assert "model.safetensors" not in run.artifacts(), "the final weights are stored once, in the logged model"
     record = tester.record(tester.path / "out").record
     assert record["run_id"] == run.run_id and "unsynced" not in record

@@ -123,6 +123,45 @@ def test_runs_lists_newest_first_with_differing_keys_and_final_metrics(store, ca
 
 
 @pytest.mark.timeout(60)
+def test_runs_shows_the_keys_a_sweeps_trials_differ_in_not_those_against_its_parent(tmp_path, empty_mlflow_db, capsys):
+    from mlflow import MlflowClient
+
+    shutil.copy(empty_mlflow_db, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("sw", artifact_location=str(tmp_path / "artifacts"))
+    job = {"job.name": "sw", "dataset.root": "data/digits", "model.name": "resnet18", "train.epochs": "6"}
+    parent = _record(
+        client, experiment, "sw-sweep", 0, {"sweep.method": "random"}, {"sweep/val/accuracy": [0.8]}, "FINISHED"
+    )
+    trials = [
+        _record(
+            client,
+            experiment,
+            f"lr={lr} bs={batch_size} · sw",
+            minute,
+            {**job, "optimizer.lr": lr, "train.batch_size": batch_size},
+            {"val/accuracy": [accuracy]},
+            "FINISHED",
+        )
+        for minute, lr, batch_size, accuracy in [(1, "0.0031622776601683794", "32", 0.8), (2, "0.01", "64", 0.9)]
+    ]
+    # another job recorded into the same experiment: every key of its own differs from the sweep's
+    other = {"job.name": "other", "dataset.root": "data/cifar", "model.name": "resnet50", "optimizer.lr": "0.1"}
+    _record(client, experiment, "other", 3, other, {"val/accuracy": [0.5]}, "FINISHED")
+
+    code, out, _ = _cli(capsys, "runs", "--tracking-uri", uri)
+    assert code == 0
+    overview, results = (part.splitlines() for part in out.split("\n\n"))
+    assert [line.split("  ")[0] for line in overview[2:4]] == trials[::-1]
+    assert "lr=0.01 bs=64 · sw" in overview[2] and "lr=0.0031622776601683794 ..." in overview[3], "cut at the end"
+    assert results[0].split() == ["run", "id", "optimizer.lr", "train.batch_size", "val/accuracy"]
+    rows = {line.split()[0]: line.split()[1:] for line in results[1:]}
+    assert rows[trials[0]] == ["0.00316228", "32", "0.8"], "a long number to 6 significant digits"
+    assert rows[parent] == ["-", "-"]
+
+
+@pytest.mark.timeout(60)
 def test_runs_across_experiments_limit_and_no_runs(store, capsys):
     uri, ids = store
     code, out, _ = _cli(capsys, "runs", "--limit", "2", "--tracking-uri", uri)
@@ -236,19 +275,18 @@ def test_rerun_trains_the_recorded_job_again(tester):
     from runjob.host.plugin_host import load_plugins
     from runjob.job.redaction import redact_tables
     from runjob.job.validation import load_resolved
-    from runjob.record.tracking import flatten
+    from runjob.record.naming import recorded_params
 
     tester.write_job(
         "job.toml",
         SMALL_DIGITS.format(name="again") + '[tracking]\nlog_model = "none"\nsystem_metrics_interval = 0\n',
     )
-    job = redact_tables(
-        load_resolved(tester.path / "job.toml", ["train.max_steps=2", "optimizer.lr=0.001"], load_plugins()).to_dict()
-    )
+    resolved = load_resolved(tester.path / "job.toml", ["train.max_steps=2", "optimizer.lr=0.001"], load_plugins())
+    job = redact_tables(resolved.to_dict())
     client = tester.client
     experiment = client.create_experiment("again", artifact_location=str(tester.path / "artifacts"))
     old = client.create_run(experiment, run_name="again").info.run_id
-    client.log_batch(old, params=[Param(k, v) for k, v in flatten(job).items()])
+    client.log_batch(old, params=[Param(k, v) for k, v in recorded_params(resolved).items()])  # as runjob records them
     client.log_text(old, tomli_w.dumps(job), "job.toml")
     client.set_terminated(old, "FINISHED")
 

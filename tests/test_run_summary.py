@@ -30,8 +30,11 @@ def test_the_run_ends_with_a_summary_and_is_named_and_described_in_mlflow(tester
         f"runjob: models: final {out / 'model.safetensors'}; best (val/accuracy {float(best[0]):.4g} at step "
         f"{best[1]}) {out / 'best' / 'model.safetensors'}"
     )
-    assert where.startswith(f"runjob: MLflow run {run.run_id} (glance); look at it: runjob runs --experiment glance")
-    assert run.run_name == "optimizer.lr=0.003 · glance", "the overrides tell it from the job's other runs"
+    assert where.startswith(
+        f"runjob: MLflow run {run.run_id} (glance); its model: runs:/{run.run_id}/glance; look at it: runjob runs "
+        "--experiment glance"
+    )
+    assert run.run_name == "lr=0.003 · glance", "the overrides tell it from the job's other runs"
     assert run.tags["mlflow.note.content"] == "a tiny CNN on the digits"
 
     offline = tester.cli(

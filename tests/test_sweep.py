@@ -306,6 +306,8 @@ def test_grid_sweep_records_children_under_a_parent_that_names_the_best(tester):
         assert child.tags["mlflow.parentRunId"] == parent.run_id
         assert child.tags["runjob.sweep.trial"] == str(index)
         assert child.params["optimizer.lr"] == lr and child.params["train.max_steps"] == "2"
+        assert child.run_name == f"lr={lr} · sw", "the trial's own value, not the sweep's --set"
+        assert next(iter(child.metrics)) == "val/accuracy", "MLflow's first metric: the compare view opens on it"
         assert not any(key.startswith("sweep") for key in child.params)
         assert "sweep" not in tomllib.loads((tester.path / f"sweep/trial-00{index}/job.toml").read_text())
 

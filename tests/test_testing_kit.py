@@ -103,14 +103,14 @@ def test_a_recorded_run_reads_both_sides(tester):
     assert online.params["train.max_steps"] == online.record["params"]["train.max_steps"] == "2"
     assert online.mlflow.steps("train/loss") == [step for step, _ in online.local_history("train/loss")] == [1, 2]
     assert online.metrics["train/loss"] == online.local_history("train/loss")[-1][1]
-    assert "job.toml" in online.artifacts and online.mlflow.models() == {"model"}, "the weights: in the logged model"
+    assert "job.toml" in online.artifacts and online.mlflow.models() == {"sides"}, "the weights: in the logged model"
     assert tester.only_run("sides").run_id == online.run_id
 
     offline = tester.run("job.toml", "train.max_steps=2", "tracking.offline=true", output_dir="offline")
     assert offline.mlflow is None and offline.run_id is None
     assert offline.status == "FINISHED" and offline.params["tracking.offline"] == "true"
     assert offline.tags["runjob.version"] == "0.1.0" and "train/loss" in offline.metrics
-    assert {"job.toml", "model"} <= offline.artifacts, "model: the MLflow model folder, for sync to log"
+    assert {"job.toml", "sides"} <= offline.artifacts, "the MLflow model folder, for sync to log as the logged model"
     assert read_run(offline.output_dir).record == offline.record
 
 

@@ -57,7 +57,9 @@ def test_contract_job_learns_and_leaves_a_complete_record(runjob_tester, digits_
     assert params["optimizer.lr"] == "0.001" and params["model.name"] == "resnet18"
     assert params["train.epochs"] == "3" and params["dataset.root"] == str(tmp_path / "data" / "digits")
     assert run.tags["runjob.distributed_type"] == "NO" and run.tags["runjob.world_size"] == "1"
-    assert run.tags["runjob.plugin.torchvision_models"] == "runjob-train 0.1.0"
+    assert run.tags["runjob.version"] == "0.1.0", "the built-in plugins' version: no runjob.plugin.* tag for them"
+    assert not [tag for tag in run.tags if tag.startswith("runjob.plugin.")]
+    assert not [key for key in run.params if key.startswith("callbacks.")], "the callbacks on by default, as they are"
 
     accuracy = run.history("val/accuracy")
     assert [step for step, _ in accuracy] == [44, 88, 132]  # 1,437 training images, 32 a batch, last partial dropped
@@ -72,7 +74,7 @@ def test_contract_job_learns_and_leaves_a_complete_record(runjob_tester, digits_
     assert set(record.local_history("val/accuracy")) == set(accuracy)
     assert len(record.local_history("train/loss")) == len(losses)
 
-    assert "job.toml" in run.artifacts() and run.models() == {"model"}, "the final weights are in the logged model"
+    assert "job.toml" in run.artifacts() and run.models() == {"digits-resnet18"}, "the weights, named after the job"
     # the saved weights are the trained model: evaluated independently, they score what was logged
     assert evaluate_saved_weights(out / "model.safetensors", digits_folder / "val") == pytest.approx(
         accuracy[-1][1], abs=1e-6

@@ -256,8 +256,8 @@ def test_language_model_continues_a_prompt(tmp_path):
 def test_prediction_columns_of_the_built_in_tasks():
     import torch
 
-    from runjob.commands.predict import columns_of
     from runjob.plugins.tasks import Classification, ClassificationOptions, Regression, RegressionOptions
+    from runjob.record.prediction import columns_of
 
     logits = torch.tensor([[0.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
     classes = columns_of(Classification(ClassificationOptions(), 3).predict(logits), ["cat", "dog", "emu"])

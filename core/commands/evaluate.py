@@ -47,13 +47,13 @@ def record_evaluation(run: Any, job: Any, args: argparse.Namespace, metrics: dic
 
     from runjob import __version__
     from runjob.host.task import declared_metrics
-    from runjob.job.redaction import redact_override, redact_tables
+    from runjob.job.redaction import redact_override
     from runjob.record.local import now_ms
+    from runjob.record.naming import recorded_params
     from runjob.record.tracking import (
         check_reachable,
         default_experiment,
         experiment_id,
-        flatten,
         resolve_tracking_uri,
     )
 
@@ -70,7 +70,7 @@ def record_evaluation(run: Any, job: Any, args: argparse.Namespace, metrics: dic
     }
     if run.output_dir is not None:
         tags[f"{EVALUATED_FROM}.output_dir"] = str(run.output_dir.resolve())
-    params = flatten(redact_tables(job.to_dict()))
+    params = recorded_params(job)  # as the training run's, so `runjob runs` finds no difference in the job
     try:
         created = client.create_run(
             experiment_id(client, experiment),

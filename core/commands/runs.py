@@ -20,8 +20,10 @@ from runjob.record.tracking import resolve_tracking_uri
 
 TABLE_WIDTH = 120  # `runs` shows as many differing job keys as fit in this many characters
 KEY_COLUMN_WIDTH = 18
-NAME_WIDTH = 20  # experiment and run names in `runs`
+NAME_WIDTH = 20  # experiment names in `runs`
+RUN_NAME_WIDTH = 28  # run names in `runs`: cut at the end, their start is what tells them apart
 VALUE_WIDTH = 50  # values in `diff`
+JOB_NAME_KEY = "job.name"  # the param that says which job a run ran (a sweep's parent run has none)
 
 
 def _choose_experiments(experiments: list[Any], name: str | None, uri: str) -> list[Any]:
@@ -79,7 +81,7 @@ def overview_table(runs: list[Any], experiment_names: dict[str, str]) -> list[st
         [
             r.info.run_id,
             shorten(experiment_names.get(r.info.experiment_id, r.info.experiment_id), NAME_WIDTH),
-            shorten(r.info.run_name or "", NAME_WIDTH),
+            _start_of(r.info.run_name or "", RUN_NAME_WIDTH),
             r.info.status,
             _start(r.info),
             _run_duration(r.info),
@@ -87,6 +89,37 @@ def overview_table(runs: list[Any], experiment_names: dict[str, str]) -> list[st
         for r in runs
     ]
     return render(["run id", "experiment", "run name", "status", "start", "duration"], rows, right={5})
+
+
+def _start_of(text: str, width: int) -> str:
+    """``text`` cut to ``width`` characters at its end (a run's name leads with what tells it apart)."""
+    return text if len(text) <= width else text[: width - len(ELLIPSIS)] + ELLIPSIS
+
+
+def _value_cell(text: str) -> str:
+    """A job key's value in a column: a long number to 6 significant digits (a sampled learning
+    rate), anything else cut in the middle."""
+    if len(text) > KEY_COLUMN_WIDTH:
+        try:
+            text = f"{float(text):.6g}"
+        except ValueError:
+            pass
+    return shorten(text, KEY_COLUMN_WIDTH)
+
+
+def chosen_keys(params: list[dict[str, str]]) -> list[str]:
+    """The job keys `runs` shows for runs with these ``params``: those whose values differ between
+    runs of the same job (``job.name``), not against a sweep's parent run (which has no job keys)
+    or another job's runs; where no two runs share a job, those that differ between the jobs' runs.
+    Keys every run has first."""
+    jobs: dict[str | None, list[dict[str, str]]] = {}
+    for p in params:
+        jobs.setdefault(p.get(JOB_NAME_KEY), []).append(p)
+    keys = [key for runs in jobs.values() if len(runs) > 1 for key in differing_keys(runs)]
+    if not keys:
+        keys = differing_keys([p for p in params if JOB_NAME_KEY in p] or params)
+    # keys every run has first: runs of different jobs also "differ" in every key only one job has
+    return sorted(dict.fromkeys(keys), key=lambda k: (sum(k not in p for p in params), k))
 
 
 def _width(columns: list[tuple[str, list[str]]]) -> int:
@@ -106,15 +139,11 @@ def key_metrics(runs: list[Any]) -> list[str]:
 
 
 def results_table(runs: list[Any]) -> list[str]:
-    """The second `runs` table: per run, the job keys that differ between the runs (as many as fit
-    in TABLE_WIDTH) and the final key metrics; then a line naming the keys left out."""
-    params = [r.data.params for r in runs]
-    # keys every run has first: runs of different jobs also "differ" in every key only one job has
-    keys = sorted(differing_keys(params), key=lambda k: sum(k not in p for p in params))
-    key_columns = [
-        (shorten(k, KEY_COLUMN_WIDTH), [shorten(r.data.params.get(k, "-"), KEY_COLUMN_WIDTH) for r in runs])
-        for k in keys
-    ]
+    """The second `runs` table: per run, the job keys that differ between runs of the same job
+    (:func:`chosen_keys`; as many as fit in TABLE_WIDTH) and the final key metrics; then a line
+    naming the keys left out."""
+    keys = chosen_keys([r.data.params for r in runs])
+    key_columns = [(shorten(k, KEY_COLUMN_WIDTH), [_value_cell(r.data.params.get(k, "-")) for r in runs]) for k in keys]
     metrics = [
         (m, [_number(r.data.metrics.get(m)) for r in runs])
         for m in key_metrics(runs)

@@ -117,10 +117,11 @@ def _logged_model_weights(uri: str, run_id: str, folder: Path) -> Path | None:
     from mlflow.artifacts import download_artifacts
 
     client = MlflowClient(tracking_uri=uri)
-    experiment = client.get_run(run_id).info.experiment_id
-    found = client.search_logged_models(
-        [experiment], filter_string=f"source_run_id = '{run_id}' AND name = 'model'", max_results=1
-    )
+    run = client.get_run(run_id)
+    found = client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
+    # named after the job (its param job.name); "model" in runs recorded before that
+    names = [name for name in (run.data.params.get("job.name"), "model") if name]
+    found = sorted((m for m in found if m.name in names), key=lambda m: names.index(m.name))
     if not found:
         return None
     location = f"{found[0].artifact_location.rstrip('/')}/artifacts/{FINAL_WEIGHTS}"

@@ -12,6 +12,7 @@ from typing import Any
 
 from runjob.errors import RunjobError, first_line
 from runjob.record.local import RunRecord, now_ms, read_metric_points
+from runjob.record.naming import headline_first, headline_metrics
 from runjob.record.tracking import experiment_id, log_inputs, upload_artifact
 
 METRICS_PER_CALL = 1000  # MLflow's limit for one log_batch
@@ -37,8 +38,8 @@ def sync_record(output_dir: Path, record: RunRecord, uri: str) -> dict[str, Any]
             log_inputs(client, run_id, record.inputs)
         points = [
             Metric(p["key"], float(p["value"]), int(p["timestamp"]), int(p["step"]))
-            for p in read_metric_points(output_dir)
-        ]
+            for p in headline_first(read_metric_points(output_dir), headline_metrics(record.params, record.tags))
+        ]  # the headline metrics first: mlflow ui's compare view opens on a run's first metric
         for first in range(0, len(points), METRICS_PER_CALL):
             client.log_batch(run_id, metrics=points[first : first + METRICS_PER_CALL])
         artifacts = [a for a in record.artifacts if (output_dir / a["path"]).exists()]

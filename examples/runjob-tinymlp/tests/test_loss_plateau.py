@@ -19,7 +19,8 @@ def test_validate_checks_the_callbacks_options(runjob_with_plugin):
     result = runjob_with_plugin.cli("validate", "job.toml", "--set", "callbacks.loss_plateau.patience=0")
     assert result.returncode == 2
     assert result.stderr_lines == [
-        "runjob: --set: callbacks.loss_plateau.patience: Input should be greater than or equal to 1 (got 0)"
+        "runjob: --set callbacks.loss_plateau.patience=0: callbacks.loss_plateau.patience: "
+        "Input should be greater than or equal to 1 (got 0)"
     ]
 
 
@@ -31,7 +32,7 @@ def test_a_plateau_stops_the_run_finished_with_its_models(runjob_with_plugin):
     assert stopped.startswith("loss_plateau: no new lowest train/loss (") and stopped.endswith("for 2 log steps")
     assert run.tags["runjob.stopped.step"] == "15", "log steps 5 (the lowest), 10 (1), 15 (2): stop"
     assert run.mlflow.history("train/plateau_steps") == [(5, 0.0), (10, 1.0), (15, 2.0)]
-    assert run.mlflow.models() == {"model"} and "best/best.json" in run.mlflow.artifacts("best")
+    assert run.mlflow.models() == {"plateau"} and "best/best.json" in run.mlflow.artifacts("best")
 
 
 def test_the_count_survives_a_resume(runjob_with_plugin):
