@@ -356,12 +356,16 @@ def test_the_readmes_task_plugin_trains_on_the_readmes_diabetes_file(tester, mon
     assert result.returncode == 0, result.stderr[-2000:]
     run = tester.only_run("median")
     assert run.metrics["val/r2"] > 0.2, "well above the mean predictor's 0"
-    assert run.metrics["val/mae"] < run.metrics["baseline/mean_predictor_val_mae"]
+    assert run.metrics["val/mae"] < float(run.tags["runjob.baseline.mean_predictor_val_mae"])
     assert run.tags["runjob.best.metric"] == "val/mae"
     import mlflow
     import numpy as np
+    import pandas as pd
 
-    logged = mlflow.pyfunc.load_model(f"runs:/{run.run_id}/model")  # any task's model loads back
-    assert logged.predict(np.zeros((3, 10), dtype=np.float32)).shape == (3, 1)
-    requirements = mlflow.artifacts.download_artifacts(f"runs:/{run.run_id}/model/requirements.txt")
+    logged = mlflow.pyfunc.load_model(f"runs:/{run.run_id}/median")  # any task's model loads back
+    columns = logged.metadata.get_input_schema().input_names()  # the CSV's raw feature columns
+    assert columns == ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
+    predicted = logged.predict(pd.DataFrame(np.zeros((3, 10)), columns=columns))
+    assert list(predicted.columns) == ["output_0"] and len(predicted) == 3  # the README task's default predict()
+    requirements = mlflow.artifacts.download_artifacts(f"runs:/{run.run_id}/median/requirements.txt")
     assert "torchvision" not in Path(requirements).read_text()

@@ -52,9 +52,13 @@ def server_points(run: MlflowRun, keys) -> dict[str, list[tuple[int, float]]]:
 
 
 def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
+    import io
+
     import mlflow.pytorch
+    import pandas as pd
     import torch
     import torchvision
+    from PIL import Image
     from safetensors.torch import load_file
 
     tmp_path = runjob_tester.path
@@ -90,13 +94,13 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     run = runjob_tester.only_run("server-test", tracking_uri=mlflow_server)
     assert runjob_tester.record(out).run_id == run.run_id
     run_id, tags, params = run.run_id, run.tags, run.params
-    assert run.status == "FINISHED" and run.run_name == "train.max_steps=6 train.log_every=2 · complete"
+    assert run.status == "FINISHED" and run.run_name == "max_steps=6 log_every=2 · complete"
     # params: the whole resolved job, flattened
     assert params["optimizer.name"] == "sgd" and params["optimizer.lr"] == "0.05" and params["train.max_steps"] == "6"
     assert params["tracking.uri"] == mlflow_server and params["job.seed"] == "0"
     # tags: versions, plugins, git, the actual setup, the best evaluation
     assert tags["team"] == "vision" and tags["runjob.version"] == "0.1.0"
-    assert tags["runjob.plugin.torchvision_models"] == "runjob-train 0.1.0" and tags["runjob.torch_version"]
+    assert tags["runjob.torch_version"] and not [tag for tag in tags if tag.startswith("runjob.plugin.")], "built-ins"
     assert tags["runjob.accelerate_version"] and tags["runjob.cuda_version"]
     assert tags["mlflow.source.git.commit"] == git(repo, "rev-parse", "HEAD") and tags["runjob.git.dirty"] == "true"
     assert (
@@ -121,7 +125,7 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     assert json.loads(data.dataset.profile) == {"train_samples": 1438, "val_samples": 359, "num_classes": 10}
     # artifacts: the resolved job, where each value came from, final weights, best weights, the MLflow model
     assert {"job.toml", "job_sources.json", "best"} <= run.artifacts()
-    assert run.models() == {"model"}, "the MLflow model is the run's logged model (MLflow 3's Logged models)"
+    assert run.models() == {"complete"}, "the MLflow model is the run's logged model, named after the job"
     folder = tmp_path / "downloaded"
     sources = json.loads(run.download("job_sources.json", folder).read_text())
     assert sources["optimizer.lr"]["from"] == "job file" and sources["optimizer.lr"]["line"] == 4
@@ -136,7 +140,7 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     previous_uri = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(mlflow_server)
     try:
-        logged = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+        logged = mlflow.pyfunc.load_model(f"runs:/{run_id}/complete")
     finally:
         mlflow.set_tracking_uri(previous_uri)
     reference = torchvision.models.resnet18(num_classes=10)
@@ -145,7 +149,15 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     with torch.no_grad():
         expected = reference.eval()(images)
         assert torch.equal(logged.unwrap_python_model().model(images), expected), "the module, with the final weights"
-    assert logged.predict(images.numpy()) == pytest.approx(expected.numpy()), "predict: arrays in, outputs out"
+    # predict: an image file's bytes in, the class and its probability out, as runjob predict gives them
+    png = io.BytesIO()
+    Image.fromarray((torch.rand(8, 8) * 255).to(torch.uint8).numpy(), mode="L").save(png, format="PNG")
+    rows = logged.predict(pd.DataFrame({"image": [png.getvalue()]}))
+    encoded = logged.unwrap_python_model().predictor.inputs.encode({"image": png.getvalue()})
+    with torch.no_grad():
+        probabilities = reference(encoded[None]).softmax(-1)[0]
+    assert rows["class"].tolist() == [str(int(probabilities.argmax()))]
+    assert rows["probability"][0] == pytest.approx(float(probabilities.max()), rel=1e-5)
 
 
 def test_server_down_at_start_is_an_error_unless_offline_and_sync_uploads_later(tester, empty_mlflow_db):
@@ -184,7 +196,7 @@ def test_server_down_at_start_is_an_error_unless_offline_and_sync_uploads_later(
         assert run.params["train.max_steps"] == "4" and run.tags["runjob.version"] == "0.1.0"
         assert server_points(run, local_points(out)) == local_points(out)
         assert run.steps("train/loss") == [1, 2, 3, 4]
-        assert {"job.toml", "job_sources.json"} <= run.artifacts() and run.models() == {"model"}
+        assert {"job.toml", "job_sources.json"} <= run.artifacts() and run.models() == {"offline"}
         assert run.inputs[0].dataset.name == "digits"
 
 
@@ -240,5 +252,5 @@ def test_server_lost_mid_run_training_goes_on_and_sync_restores_every_point(test
         run = run.reload()
         assert run.status == "FINISHED"
         assert server_points(run, local_points(out)) == local_points(out)
-        assert {"job.toml", "best"} <= run.artifacts() and run.models() == {"model"}
+        assert {"job.toml", "best"} <= run.artifacts() and run.models() == {"lost"}
         assert "unsynced" not in tester.record(out).record

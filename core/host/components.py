@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,8 +106,8 @@ class DatasetSplits:
     test: Any = None
     """A held-out split evaluated once at the end of training (``test/...`` metrics), or None."""
     baselines: dict[str, float] = field(default_factory=dict)
-    """Reference values the data itself gives (e.g. ``{"unigram_perplexity": 24.1}``), logged once
-    as ``baseline/<name>`` metrics so runs can be read against them."""
+    """Reference values the data itself gives (e.g. ``{"unigram_perplexity": 24.1}``), recorded as
+    the run's tags ``runjob.baseline.<name>`` so runs can be read against them."""
     read_inputs: Callable[[Path], Any] | None = None
     """For ``runjob predict``: read unlabeled inputs from a file or folder the user gives (image
     files, a CSV of the feature columns, a text prompt) as a ``torch.utils.data.Dataset`` of
@@ -116,6 +117,90 @@ class DatasetSplits:
     ``None``: the dataset cannot read inputs for prediction."""
     decode: Callable[[Sequence[int]], str] | None = None
     """For a language-model dataset: token ids back to text (``runjob predict --prompt``)."""
+    inputs: Inputs | None = None
+    """How a user's raw inputs become model inputs (an :class:`Inputs`): set it instead of
+    ``read_inputs`` and ``decode``, and the run's MLflow model predicts from raw inputs (a CSV's
+    columns, image files' bytes, prompt text) exactly as ``runjob predict`` does, with a signature.
+    Without it, the MLflow model takes the model's input tensors as they are, and the end of the
+    run says so."""
+
+    def __post_init__(self) -> None:
+        if self.inputs is None:
+            return
+        if not isinstance(self.inputs, Inputs):
+            raise TypeError(f"DatasetSplits.inputs must be a runjob.Inputs, got a {type(self.inputs).__name__}")
+        if self.read_inputs is None:
+            self.read_inputs = self.inputs.dataset
+        if self.decode is None and self.inputs.decodes:
+            self.decode = self.inputs.decode
+
+
+COLUMN_TYPES = ("double", "long", "string", "binary")
+
+
+class Inputs(ABC):
+    """How a dataset turns a user's raw inputs into model inputs, for ``runjob predict`` and for the
+    run's MLflow model (``mlflow.pyfunc.load_model(...).predict(frame)``, ``mlflow models serve``).
+
+    A raw input is a *record*: a dict of plain values with the keys and types of :attr:`columns`
+    (the feature columns of a CSV row as numbers, an image file's bytes, a prompt's text). The MLflow
+    model's input schema is :attr:`columns`; a DataFrame sent to it is taken row by row as records.
+
+    The object is pickled into the MLflow model at the end of a run, so it must hold plain values
+    (numbers, lists, strings), not tensors, open files or lambdas, and its class must be importable
+    where the model is loaded (its plugin is among the model's requirements). State fitted on the
+    training data (a standardization's means, a vocabulary) belongs here: the MLflow model then
+    needs nothing else of the dataset.
+    """
+
+    columns: dict[str, str] = {}
+    """Each record key and its type: ``"double"``, ``"long"``, ``"string"`` or ``"binary"`` (bytes)."""
+
+    @abstractmethod
+    def read(self, path: Path) -> Sequence[tuple[str, dict[str, Any]]]:
+        """The records in a file or folder the user names (``runjob predict --input PATH``), each
+        with a name for its output row (a file name, ``line N``). Raise :class:`runjob.DataError`
+        naming the path when nothing can be read."""
+
+    @abstractmethod
+    def encode(self, record: dict[str, Any]) -> Any:
+        """One record as the model takes one sample (a tensor, without the batch dimension), with
+        the same transform and normalization as the validation split. Raise ``ValueError`` saying
+        what is wrong with a record (a missing column, an unreadable image)."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """For language models: token ids back to text. Others leave this as it is."""
+        raise ValueError(f"{type(self).__name__} does not decode token ids")
+
+    @property
+    def decodes(self) -> bool:
+        """Whether this class overrides :meth:`decode`."""
+        return type(self).decode is not Inputs.decode
+
+    def dataset(self, path: Path) -> EncodedInputs:
+        """``DatasetSplits.read_inputs`` made of :meth:`read` and :meth:`encode`: ``(name, input)``
+        items, each encoded when it is taken."""
+        return EncodedInputs(self, list(self.read(Path(path))), str(path))
+
+
+class EncodedInputs:
+    """The records :meth:`Inputs.read` found, encoded one by one as a DataLoader takes them; a
+    record :meth:`Inputs.encode` refuses is a DataError naming the input and the record."""
+
+    def __init__(self, inputs: Inputs, records: list[tuple[str, dict[str, Any]]], where: str) -> None:
+        self.inputs, self.records, self.where = inputs, records, where
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> tuple[str, Any]:
+        name, record = self.records[index]
+        try:
+            return name, self.inputs.encode(record)
+        except ValueError as error:
+            from runjob.errors import DataError
+
+            raise DataError(f"--input {self.where}: {name}: {error}") from None
 
 
 @dataclass

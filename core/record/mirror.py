@@ -186,6 +186,7 @@ class _Recording:
         self.output_dir = Path()
         self.start: dict[str, Any] = {}
         self.host: Any = None
+        self.first_metrics: Any = None  # a new run's: HeadlineFirst
 
     def reply(self, **message: Any) -> None:
         self._answer(message)
@@ -193,10 +194,12 @@ class _Recording:
     def begin(self, start: dict[str, Any]) -> bool:
         """Create (or reopen, or join) the MLflow run; reply ``started`` or ``error``."""
         from runjob.errors import TrackingError, describe
+        from runjob.record import logfile
         from runjob.record.tracking import resolve_tracking_uri
 
         self.start = start
         self.output_dir = Path(start["output_dir"])
+        logfile.open_in(self.output_dir)  # MLflow's chatter (a new database's creation) goes there
         uri = resolve_tracking_uri(start.get("tracking_uri"))
         default = resolve_tracking_uri(None)  # what `runjob runs` reads without --tracking-uri
         if start.get("offline"):
@@ -223,6 +226,10 @@ class _Recording:
 
         self.client = MlflowClient(tracking_uri=uri)
         self.uploader = Uploader(lambda metrics: self.client.log_batch(self.run_id, metrics=metrics))
+        if start.get("role") == "main" and start.get("run_id") is None:  # a new run: its headline metrics first
+            from runjob.record.naming import HeadlineFirst, headline_metrics
+
+            self.first_metrics = HeadlineFirst(headline_metrics(start.get("params") or {}, start.get("tags") or {}))
         self.reply(
             started={"run_id": self.run_id, "tracking_uri": uri, "experiment_id": experiment, "default_uri": default}
         )
@@ -254,10 +261,7 @@ class _Recording:
         if self.uploader is None:
             return
         if kind == "metrics":
-            from mlflow.entities import Metric
-
-            points = [Metric(p["key"], float(p["value"]), int(p["timestamp"]), int(p["step"])) for p in value]
-            self.uploader.submit_metrics(points, points[-1].step if points else 0)
+            self._submit_metrics(self.first_metrics.take(value) if self.first_metrics else value)
         elif kind == "tags":
             from mlflow.entities import RunTag
 
@@ -270,8 +274,17 @@ class _Recording:
 
             self.uploader.submit(lambda: log_inputs(self.client, self.run_id, [value]), f"dataset {value['name']}")
         elif kind == "end":
+            self._submit_metrics(self.first_metrics.release() if self.first_metrics else [])
             status, end_time = value["status"], value["end_time"]
             self.uploader.submit(lambda: self.client.set_terminated(self.run_id, status, end_time), "the run's end")
+
+    def _submit_metrics(self, value: list[dict[str, Any]]) -> None:
+        if not value:
+            return
+        from mlflow.entities import Metric
+
+        points = [Metric(p["key"], float(p["value"]), int(p["timestamp"]), int(p["step"])) for p in value]
+        self.uploader.submit_metrics(points, points[-1].step)
 
     def _upload(self, relative: str, artifact_path: str | None) -> None:
         from runjob.record.tracking import upload_artifact
@@ -286,17 +299,19 @@ class _Recording:
         it as the run's logged model; reply ``model``."""
         from runjob.errors import RunjobError, describe
 
+        notes: list[str] = []
         try:
-            folder = _build_model(self.output_dir, request, self.host)
+            folder = _build_model(self.output_dir, request, self.host, notes)
         except RunjobError as error:
             self.reply(model={"error": str(error)})
             return
         except Exception as error:  # noqa: BLE001 - said in one line by the training process
             self.reply(model={"error": f"could not write the MLflow model: {describe(error)}"})
             return
-        self.reply(model={"folder": str(folder)})
+        self.reply(model={"folder": str(folder), "notes": notes})
         if self.uploader is not None:
-            self._upload(str(folder.relative_to(self.output_dir)), "model")
+            name = self.start.get("model_name") or "model"  # the job's name
+            self._upload(str(folder.relative_to(self.output_dir)), name)
 
     def finish(self) -> None:
         """Send what is queued; reply ``ended``."""
@@ -305,6 +320,7 @@ class _Recording:
         if self.uploader is None:
             self.reply(ended={"sent": True})
             return
+        self._submit_metrics(self.first_metrics.release() if self.first_metrics else [])
         sent = self.uploader.close(FINAL_UPLOAD_TIMEOUT_S)
         self.reply(ended={"sent": sent, "failure": self.uploader.failure, "failed_at": self.uploader.failed_at})
 
@@ -349,7 +365,7 @@ def _open_run(start: dict[str, Any], uri: str) -> tuple[str, str]:
     return run_id, run.info.experiment_id
 
 
-def _build_model(output_dir: Path, request: dict[str, Any], host: Any = None) -> Path:
+def _build_model(output_dir: Path, request: dict[str, Any], host: Any = None, notes: list[str] | None = None) -> Path:
     """The run's job rebuilt from its ``job.toml`` (with the plugins the run had), its example
     input loaded, and the MLflow model written (record.model_logging)."""
     from runjob.host.plugin_host import load_plugins
@@ -363,7 +379,7 @@ def _build_model(output_dir: Path, request: dict[str, Any], host: Any = None) ->
         import torch
 
         example = torch.load(request["example"], weights_only=True)
-    return save_mlflow_model(job, output_dir, example, host)
+    return save_mlflow_model(job, output_dir, example, host, request.get("prediction"), notes)
 
 
 def serve(inbox: queue.Queue, answer: Callable[[dict[str, Any]], None]) -> None:
@@ -406,6 +422,9 @@ def main() -> int:
     threading.Thread(target=read, name="runjob-mirror-inbox", daemon=True).start()
     import mlflow  # noqa: F401 - the slow part of starting, done while the training process starts too
 
+    from runjob.record.logfile import LibraryLog
+
+    LibraryLog("recording").start()  # after MLflow's import, which sets its loggers' handlers; to os._exit
     serve(inbox, answer)
     # Everything is sent and said; the interpreter's own teardown (MLflow, SQLAlchemy: half a second
     # here) would only keep the training process waiting for this one to exit.

@@ -33,6 +33,7 @@ MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
 REACH_TIMEOUT_S = 5.0  # an unreachable tracking server is reported within this (twice at most)
 FINAL_UPLOAD_TIMEOUT_S = 300.0  # the longest the end of a run waits for MLflow
+MODEL_ARTIFACT = "model"  # a run's logged model's name when none is given (before models were named after their job)
 # MLflow's HTTP retries default to minutes of back-off; a lost server should cost seconds.
 HTTP_DEFAULTS = {
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
@@ -238,6 +239,7 @@ class Recorder:
         self._mirroring = False  # MLflow gets the record (not offline, not given up)
         self._began_offline = False
         self._disabled: dict[str, str] = {}
+        self._model_name = MODEL_ARTIFACT
         self._model_asked = False  # log_model() asked the recording process for the MLflow model
         self._example: Path | None = None  # the example input's temporary file, for pickle and pt2
         self._lock = threading.Lock()
@@ -261,15 +263,19 @@ class Recorder:
         tracking_uri: str | None = None,
         resuming: bool = False,
         disabled: dict[str, str] | None = None,
+        model_name: str = MODEL_ARTIFACT,
     ) -> None:
         """Write the local record and start the recording process, which creates the MLflow run
         with its params and tags (a resumed run's is reopened, with the tags added) while this
         process goes on; :meth:`opened` waits for it. ``tracking_uri``: where to record (default
         ``$MLFLOW_TRACKING_URI``, else MLflow's default, which the recording process resolves).
-        ``disabled``: the plugins the run was given without, for rebuilding its model there."""
+        ``disabled``: the plugins the run was given without, for rebuilding its model there.
+        ``model_name``: the name of the run's logged model (the job's: MLflow lists every run's
+        model by it)."""
         if self.role != "main":
             return
         self._disabled = dict(disabled or {})
+        self._model_name = model_name
         self.tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
         previous = RunRecord.read(self.output_dir) if resuming else None
         self.record = previous or RunRecord(
@@ -305,6 +311,7 @@ class Recorder:
                 "params": self.record.params,
                 "log_params": self.run_id is None,
                 "log_model": tracking.log_model,
+                "model_name": model_name,
                 "disabled": self._disabled,
             }
         )
@@ -393,11 +400,12 @@ class Recorder:
         if self._mirroring:
             self._mirror.send({"artifact": {"path": relative, "artifact_path": artifact_path}})
 
-    def log_model(self, example: Any = None) -> None:
+    def log_model(self, example: Any = None, prediction: dict[str, Any] | None = None) -> None:
         """Have the recording process build the run's MLflow model from the saved final weights
         (``OUTPUT_DIR/mlflow_model``) and log it as the run's logged model; ``example`` is a batch
         of two inputs as the model sees them (for ``pickle`` and ``pt2``; a ``weights`` model needs
-        none). :meth:`model_logged` waits for it."""
+        none); ``prediction`` describes the run's predictor (``runjob.train.predictor``) for a
+        ``weights`` model. :meth:`model_logged` waits for it."""
         if not self.active or self._mirror is None:
             return
         name = ""
@@ -411,10 +419,10 @@ class Recorder:
             torch.save(example, name)
         self._example, self._model_asked = (Path(name) if name else None), True
         with self._lock:
-            added = self.record.add_artifact(MODEL_FOLDER, MODEL_ARTIFACT)
+            added = self.record.add_artifact(MODEL_FOLDER, self._model_name)
         if added:
             self._save()
-        self._mirror.send({"model": {"example": name, "disabled": self._disabled}})
+        self._mirror.send({"model": {"example": name, "disabled": self._disabled, "prediction": prediction}})
 
     def model_logged(self, timeout: float = FINAL_UPLOAD_TIMEOUT_S) -> None:
         """Wait for the MLflow model :meth:`log_model` asked for; one that could not be built is a
@@ -437,6 +445,9 @@ class Recorder:
             from runjob.errors import TrainingError
 
             raise TrainingError(answer["error"])
+        else:
+            for note in answer.get("notes") or []:
+                print(f"runjob: {note}", flush=True)
 
     def log_input(self, dataset: dict[str, str], context: str) -> None:
         """Record dataset lineage (name, digest, source) as an MLflow input of the run."""
@@ -494,15 +505,12 @@ class Recorder:
                 self.record.write(self.output_dir)
 
 
-MODEL_ARTIFACT = "model"
-"""Where the run's MLflow model goes: a logged model of that name (``runs:/ID/model`` loads it)."""
-
-
 def upload_artifact(client: Any, run_id: str, path: Path, artifact_path: str | None) -> None:
-    """Upload a file or a folder's contents as an artifact of ``run_id``; an MLflow model folder
-    recorded as ``model`` becomes the run's logged model instead (:func:`log_logged_model`)."""
-    if artifact_path == MODEL_ARTIFACT and (path / "MLmodel").is_file():
-        log_logged_model(client, run_id, path)
+    """Upload a file or a folder's contents as an artifact of ``run_id``; the run's MLflow model
+    folder (``mlflow_model``) becomes the run's logged model instead, named ``artifact_path``
+    (:func:`log_logged_model`)."""
+    if (path / "MLmodel").is_file() and (path.name == MODEL_FOLDER or artifact_path == MODEL_ARTIFACT):
+        log_logged_model(client, run_id, path, artifact_path or MODEL_ARTIFACT)
         return
     if path.is_dir():
         client.log_artifacts(run_id, str(path), artifact_path)
@@ -510,20 +518,20 @@ def upload_artifact(client: Any, run_id: str, path: Path, artifact_path: str | N
         client.log_artifact(run_id, str(path), artifact_path)
 
 
-def log_logged_model(client: Any, run_id: str, folder: Path) -> str:
-    """The MLflow model in ``folder`` as a logged model named ``model`` of ``run_id``: MLflow 3 lists
-    it under the run's models (and the experiment's Models tab), and ``runs:/ID/model`` loads it.
-    Its files are stored once, in the model's own artifact location. A run that has one already
-    (``runjob sync`` again) keeps it. Returns the model id."""
+def log_logged_model(client: Any, run_id: str, folder: Path, name: str = MODEL_ARTIFACT) -> str:
+    """The MLflow model in ``folder`` as a logged model called ``name`` (the job's name) of
+    ``run_id``: MLflow 3 lists it under the run's models (and the experiment's Models tab), and
+    ``runs:/ID/<name>`` loads it. Its files are stored once, in the model's own artifact location.
+    A run that has one already (``runjob sync`` again) keeps it. Returns the model id."""
     from mlflow.entities import LoggedModelOutput
 
     experiment = client.get_run(run_id).info.experiment_id
     found = client.search_logged_models(
-        [experiment], filter_string=f"source_run_id = '{run_id}' AND name = '{MODEL_ARTIFACT}'", max_results=1
+        [experiment], filter_string=f"source_run_id = '{run_id}' AND name = '{name}'", max_results=1
     )
     if found:
         return found[0].model_id
-    model = client.create_logged_model(experiment, name=MODEL_ARTIFACT, source_run_id=run_id, model_type="pytorch")
+    model = client.create_logged_model(experiment, name=name, source_run_id=run_id, model_type="pytorch")
     client.log_model_artifacts(model.model_id, str(folder))
     client.finalize_logged_model(model.model_id, "READY")
     client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])

@@ -11,6 +11,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from runjob.errors import Terminated, TrainingError, first_line
@@ -298,8 +299,8 @@ class TrainingLoop:
         if self.run.recorder is not None:
             self.run.recorder.log_training_metrics(metrics, step)
 
-    def checkpoint(self, position: Position) -> None:
-        save_checkpoint(self.run, position, self.run.job.train.keep_checkpoints, self.saved_with)
+    def checkpoint(self, position: Position) -> Path:
+        return save_checkpoint(self.run, position, self.run.job.train.keep_checkpoints, self.saved_with)
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""
@@ -327,6 +328,7 @@ class TrainingLoop:
             if self.evaluated_at != self.step:
                 self._evaluate(self.epoch)
         self.callbacks("on_train_end", self.step, self.epoch)
+        self.last_metrics.update(self.run.logged)
         if self.run.test_loader is not None:
             test_metrics = evaluate(self.run, self.run.test_loader, "test")
             self.record(test_metrics, self.step)
@@ -364,14 +366,17 @@ class TrainingLoop:
         self.callbacks("on_evaluation", self.step, epoch, metrics)
         self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=metrics)
         self.callbacks("on_evaluation_end", self.step, epoch)
+        # what callbacks logged as evaluation metrics (``val/...``, the ones that may be the
+        # best_metric) is shown with the task's, on the step and epoch lines and in the summary
+        logged = {name: value for name, value in self.run.logged.items() if name.startswith("val/")}
+        metrics = {**metrics, **{name: value for name, value in logged.items() if name not in metrics}}
         self.last_metrics.update(metrics)
         return metrics
 
     def _stop_if_asked(self, position: Position) -> None:
         signum, asked = self.stop.agreed(self.run.accelerator)
         if signum:
-            self.checkpoint(position)
-            raise Terminated(signum)
+            raise Terminated(signum, self.checkpoint(position), position.step)
         if asked:
             raise StoppedEarly
 
@@ -500,6 +505,7 @@ class TrainingLoop:
         return metrics
 
     def _summary(self, epoch: int, seconds: float) -> None:
+        self.last_metrics.update(self.run.logged)  # the callbacks' metrics, wherever they logged them
         shown = "  ".join(f"{k} {v:.4g}" for k, v in self.last_metrics.items() if k != "lr")
         if self.run.accelerator.is_main_process:
             print(f"epoch {epoch + 1}/{self.schedule.epochs}  step {self.step}  {shown}  ({seconds:.1f} s)")

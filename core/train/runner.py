@@ -8,7 +8,6 @@ import shlex
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -23,10 +22,13 @@ from runjob.host.run_context import RunContext, save_weights
 from runjob.host.task import Task, declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
 from runjob.job.validation import ResolvedJob
+from runjob.record import logfile
+from runjob.record.logfile import LibraryLog
+from runjob.record.naming import recorded_params, run_name
 from runjob.record.outputs import choose_output_dir
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.system_metrics import SystemMetricsSampler
-from runjob.record.tracking import HTTP_DEFAULTS, Recorder, default_experiment, flatten, resolve_tracking_uri
+from runjob.record.tracking import HTTP_DEFAULTS, Recorder, default_experiment, resolve_tracking_uri
 from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
 from runjob.train.checkpoints import (
     AUTO,
@@ -40,8 +42,9 @@ from runjob.train.checkpoints import (
     set_aside_attempt,
     tidy_finished,
 )
-from runjob.train.entry import RunOutcome
+from runjob.train.entry import SWEEP_TRIAL_TAG, RunOutcome
 from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
+from runjob.train.stopping import StopSignals, say, signal_name
 
 
 def _tags(
@@ -67,8 +70,9 @@ def _tags(
     }
     if accelerator.device.type == "cuda":
         tags["runjob.gpu"] = torch.cuda.get_device_name(accelerator.device)
-    for plugin in host.plugins:
-        tags[f"runjob.plugin.{plugin.name}"] = f"{plugin.distribution} {plugin.version}"
+    for plugin in host.plugins:  # a built-in plugin's version is runjob.version
+        if not plugin.builtin:
+            tags[f"runjob.plugin.{plugin.name}"] = f"{plugin.distribution} {plugin.version}"
     if job.job.description:
         tags["mlflow.note.content"] = job.job.description  # MLflow's run description
     tags.update(redact_tables(dict(job.tracking.tags)))
@@ -79,18 +83,15 @@ def _tags(
 SYSTEM_METRICS_ON_GPU = 10.0  # seconds between samples, by default, on a GPU run
 
 
-def default_run_name(job: ResolvedJob, output_dir: Path) -> str:
-    """``tracking.run_name``, else what tells this run from its siblings, then the job's name: the
-    overrides it was given (a sweep trial's values; not ``tracking.*`` or ``launch.*``), else its
-    output folder's name (the time). The distinct part comes first because mlflow ui's runs table
-    shows only the first ~25 characters of a name."""
+def default_run_name(job: ResolvedJob, output_dir: Path, tags: dict[str, str] | None = None) -> str:
+    """``tracking.run_name``, else what tells this run from its siblings, abbreviated, then the
+    job's name (:func:`runjob.record.naming.run_name`): the overrides it was given (a sweep trial's
+    own values only), else its output folder's name (the time)."""
     if job.tracking.run_name:
         return job.tracking.run_name
-    overrides = " ".join(
-        redact_override(o) for o in job.source.overrides if not o.startswith(("tracking.", "launch."))
-    )  # where it is recorded and how it is launched don't tell the training apart
-    name = f"{overrides or output_dir.name} · {job.job.name}"
-    return name if len(name) <= 100 else name[:99] + "…"
+    trial = job.sweep is not None and SWEEP_TRIAL_TAG in (tags or {})
+    only = set(job.sweep.parameters) if trial else None  # not the --set every trial of the sweep shares
+    return run_name(job.source.overrides, output_dir.name, job.job.name, only)
 
 
 def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None, resuming: bool = False):
@@ -163,18 +164,18 @@ def run_job(
     The signal handlers and Accelerate's process-wide state are put back afterwards, so a process
     can run several jobs one after another (tests, notebooks, benchmarks).
     """
-    handlers = {signum: signal.getsignal(signum) for signum in _stop_signals(job.train.stop_signal)}
+    stop = StopRequest()
+    listener = _listen_for_stop(stop, job.train.stop_signal)
     # Accelerate's switches and MLflow's HTTP retry bounds (tracking.HTTP_DEFAULTS) are set in os.environ
     environment = {name: os.environ.get(name) for name in (*ACCELERATE_SWITCHES, *HTTP_DEFAULTS)}
     try:
-        return _train(job, host, output_dir, resume, tags or {}, tracking_uri)
+        with LibraryLog("train"):  # the libraries' chatter goes to OUTPUT_DIR/runjob.log
+            return _train(job, host, output_dir, resume, tags or {}, tracking_uri, stop)
     finally:
         from runjob.record.mirror import discard_prestarted
 
         discard_prestarted()  # the run stopped before its record began
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in handlers.items():
-                signal.signal(signum, handler)
+        listener.close()  # the signal handlers found are put back
         _reset_accelerate(environment)
 
 
@@ -185,6 +186,7 @@ def _train(
     resume: Path | bool | None,
     tags: dict[str, str],
     tracking_uri: str | None,
+    stop: StopRequest,
 ) -> RunOutcome:
     _prestart_recording(job)
     from accelerate.utils import set_seed
@@ -203,13 +205,15 @@ def _train(
     if accelerator.is_main_process and checkpoint is None:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "job.toml").write_text(job.to_toml(), encoding="utf-8")
+    logfile.open_in(output_dir)
     set_seed(job.job.seed)
-    stop = StopRequest()
-    _listen_for_stop(stop, job.train.stop_signal)
 
     recorder = _start_record(job, host, accelerator, output_dir, checkpoint is not None, tags, tracking_uri)
     if checkpoint is not None:
-        recorder.set_tags({f"runjob.resumed.step_{saved['step']}": "; ".join(changes) or "no changes"})
+        resumed = {f"runjob.resumed.step_{saved['step']}": "; ".join(changes) or "no changes"}
+        if recorder.active and NOTE in recorder.record.tags:  # a stop's "to go on" is done now
+            resumed[NOTE] = job.job.description or ""
+        recorder.set_tags(resumed)
     sampler = None
     interval = job.tracking.system_metrics_interval
     if interval is None:  # GPU runs: utilisation and memory earn their place; a CPU run's would crowd its own
@@ -258,11 +262,14 @@ def _train(
             tidied = tidy_finished(output_dir, job.train.keep_checkpoints_finished)
             if tidied:
                 print(f"runjob: {tidied}")
-            _record_outputs(recorder, job, output_dir, splits, task)
+            _record_outputs(recorder, job, output_dir, splits, task, accelerator, model)
             summary = _summary(job, recorder, output_dir, loop, time.monotonic() - began)
             recorder.model_logged()
     except (KeyboardInterrupt, Terminated) as interrupt:
         status, error = "KILLED", interrupt
+        if accelerator.is_main_process:
+            step = run.step if run is not None else None
+            raise _how_to_go_on(job, recorder, output_dir, tracking_uri, interrupt, step) from None
         raise
     except BaseException as failure:
         status, error = "FAILED", failure
@@ -308,7 +315,8 @@ def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: Train
         look += f"; mlflow ui --backend-store-uri {uri}"
     if uri != recorder.default_tracking_uri:
         look = look.replace("runjob runs ", f"runjob runs --tracking-uri {uri} ", 1)
-    lines.append(f"runjob: MLflow run {recorder.run_id} ({experiment}); look at it: {look}")
+    model = f"; its model: runs:/{recorder.run_id}/{job.job.name}" if job.tracking.log_model != "none" else ""
+    lines.append(f"runjob: MLflow run {recorder.run_id} ({experiment}){model}; look at it: {look}")
     return lines
 
 
@@ -346,12 +354,13 @@ def _start_record(
     recorder.start(
         tracking=job.tracking,
         experiment=default_experiment(job.tracking, job.job.name),
-        run_name=default_run_name(job, output_dir),
-        params=flatten(redact_tables(job.to_dict())),
+        run_name=default_run_name(job, output_dir, tags),
+        params=recorded_params(job),
         tags=_tags(job, host, accelerator, output_dir, tags),
         tracking_uri=job.tracking.uri or tracking_uri,
         resuming=resuming,
         disabled={d.name: d.by for d in host.disabled},
+        model_name=job.job.name,  # MLflow's Models tab lists the models of every run by name
     )
     if accelerator.is_main_process and not resuming:
         folder = output_dir / "record"
@@ -392,19 +401,29 @@ def _make_callbacks(job: ResolvedJob) -> dict[str, Callback]:
 
 
 def _record_baselines(recorder: Recorder, accelerator: Any, baselines: dict[str, float]) -> None:
-    """The data's own reference values (``DatasetSplits.baselines``), logged once and said."""
+    """The data's own reference values (``DatasetSplits.baselines``), tagged ``runjob.baseline.<name>``
+    and said: as metrics they were the first a run logged, which mlflow ui's compare view opens on."""
     if not baselines:
         return
-    recorder.log_training_metrics({f"baseline/{name}": float(value) for name, value in baselines.items()}, 0)
+    recorder.set_tags({f"runjob.baseline.{name}": f"{float(value):.6g}" for name, value in baselines.items()})
     if accelerator.is_main_process:
         print("runjob: the data's baselines: " + "  ".join(f"{k} {v:.4g}" for k, v in baselines.items()))
 
 
-def _record_outputs(recorder: Recorder, job: ResolvedJob, output_dir: Path, splits: Any, task: Task) -> None:
+def _record_outputs(
+    recorder: Recorder, job: ResolvedJob, output_dir: Path, splits: Any, task: Task, accelerator: Any, model: Any
+) -> None:
     """Log the final weights, and have the recording process build the final model as an MLflow
-    model (``best/`` is ``best_weights``'s; :meth:`Recorder.model_logged` waits for the model)."""
+    model (``best/`` is ``best_weights``'s; :meth:`Recorder.model_logged` waits for the model). A
+    ``weights`` model predicts through the run's predictor (the task and the dataset's fitted
+    preprocessing, ``runjob.train.predictor``), or the end of the run says why it cannot."""
     if job.tracking.log_model == "weights":
-        recorder.log_model()  # it holds model.safetensors: stored once in MLflow
+        from runjob.train.predictor import save_predictor
+
+        prediction, why_not = save_predictor(job, accelerator, model, splits, task, output_dir)
+        if why_not:
+            print(f"runjob: {why_not}", flush=True)
+        recorder.log_model(prediction=prediction)  # it holds model.safetensors: stored once in MLflow
         return
     recorder.log_artifact(output_dir / "model.safetensors")
     if job.tracking.log_model != "none":
@@ -455,19 +474,67 @@ def _auto_resume(accelerator: Any, output_dir: Path | None) -> bool:
     return False
 
 
-def _listen_for_stop(stop: StopRequest, extra_signal: str | None) -> None:
+def _listen_for_stop(stop: StopRequest, extra_signal: str | None) -> StopSignals:
     """SIGTERM, SIGINT and ``train.stop_signal`` ask the loop to stop after a checkpoint; a second
-    SIGINT (Ctrl-C again) stops at once."""
-    if threading.current_thread() is not threading.main_thread():
-        return
+    Ctrl-C stops at once (one passed on again by a wrapper such as ``uv run`` is the same Ctrl-C:
+    :mod:`runjob.train.stopping`). The main process says so when the first arrives."""
 
-    def ask(signum: int, frame: Any) -> None:
-        if stop.signum and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+    def ask(signum: int) -> None:
         stop.signum = stop.signum or signum
 
-    for signum in _stop_signals(extra_signal):
-        signal.signal(signum, ask)
+    def announce(signum: int) -> None:
+        if signum == signal.SIGINT:
+            say("runjob: Ctrl-C: writing a checkpoint, then stopping; press Ctrl-C again to stop at once, without one")
+        else:
+            say(f"runjob: {signal_name(signum)}: writing a checkpoint, then stopping")
+
+    main = int(os.environ.get("RANK", "0")) == 0  # said before the Accelerator exists
+    listener = StopSignals(_stop_signals(extra_signal), ask, announce=announce if main else None, again_raises=True)
+    return listener.open()
+
+
+NOTE = "mlflow.note.content"  # MLflow's run description
+
+
+def _how_to_go_on(
+    job: ResolvedJob,
+    recorder: Recorder,
+    output_dir: Path,
+    tracking_uri: str | None,
+    interrupt: BaseException,
+    step: int | None,
+) -> BaseException:
+    """The stop to raise, holding the checkpoint and the command that goes on from it (the command
+    line prints them), which are also recorded: the tag ``runjob.resume_command`` and a paragraph of
+    the run's description. A stop signal's checkpoint is the one it wrote; after a second Ctrl-C, the
+    newest complete one (none: the command starts the run again there)."""
+    from runjob.errors import Interrupted
+    from runjob.train.entry import resume_command
+
+    try:
+        checkpoint = interrupt.checkpoint if isinstance(interrupt, Terminated) else None
+        if checkpoint is None:
+            found = complete_checkpoints(output_dir)
+            checkpoint = found[-1] if found else None
+        arguments = (job.source.path, job.source.overrides, output_dir, tracking_uri)
+        command = resume_command(*arguments, afresh=checkpoint is None)
+        recorded = resume_command(*arguments, afresh=checkpoint is None, redacted=True)
+        at = f" at step {step}" if step is not None else ""
+        if isinstance(interrupt, Terminated):
+            interrupt.resume_command = command
+            stopped: BaseException = interrupt
+            how = f"Stopped by {signal_name(interrupt.signum)}{at} after writing checkpoint {checkpoint}."
+        else:
+            stopped = Interrupted(checkpoint, command)
+            newest = f"the newest complete checkpoint is {checkpoint}" if checkpoint else "there is no checkpoint"
+            how = f"Stopped at once by a second Ctrl-C{at}, without a checkpoint; {newest}."
+        note = recorder.record.tags.get(NOTE, "") if recorder.active else ""
+        going_on = f"{how} To {'go on' if checkpoint else 'start again'}: `{recorded}`"
+        recorder.set_tags({"runjob.resume_command": recorded, NOTE: f"{note}\n\n{going_on}" if note else going_on})
+        return stopped
+    except Exception as failure:  # noqa: BLE001 - saying how to go on must not hide the stop itself
+        print(f"runjob: cannot say how to go on: {describe(failure)}", file=sys.stderr)
+        return interrupt
 
 
 def _stop_signals(extra_signal: str | None) -> list[int]:
