@@ -109,7 +109,7 @@ def test_the_predictor_pickles_the_task_and_declares_the_signature(tmp_path):
 
     (tmp_path / "t.csv").write_text("a,y\n" + "".join(f"{i},{i * 2}\n" for i in range(10)))
     splits = build_csv(CSVOptions(path=str(tmp_path / "t.csv"), target="y"))
-    accelerator = SimpleNamespace(distributed_type=SimpleNamespace(name="NO"), unwrap_model=lambda model: model)
+    accelerator = SimpleNamespace(distributed_type=SimpleNamespace(name="NO"), unwrap_model=lambda model, **how: model)
     model = torch.nn.Linear(1, 1)
     prediction, said = save_predictor(None, accelerator, model, splits, Regression(RegressionOptions()), tmp_path)
     assert said is None

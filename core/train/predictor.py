@@ -34,7 +34,7 @@ def save_predictor(
         context = int(task.inputs(sample_batch(splits.val, 1)).shape[-1])  # the length the model was trained on
         outputs = {"continuation": "string"} if inputs.decodes else None
     elif accelerator.distributed_type.name not in SHARDED:  # a sharded model's forward needs every process
-        outputs = _output_columns(accelerator.unwrap_model(model), task, splits)
+        outputs = _output_columns(accelerator.unwrap_model(model, keep_torch_compile=False), task, splits)
     predictor = Predictor(task, inputs, splits.classes, context, outputs)
     try:
         predictor.save(output_dir)
