@@ -199,15 +199,18 @@ def test_mlflow_scoring_server_answers_as_runjob_predict(runjob_tester, tmp_path
     """digits (image files' bytes), diabetes (raw rows) and gpt (prompt text): MLflow's scoring
     server, in an environment built by MLflow from each logged model, returns what ``runjob
     predict`` writes. The model's requirements name runjob by a wheel inside the model."""
-    from runjob.plugins.digits import export_image_folder
+    import torch
+    from PIL import Image
+
+    from runjob.plugins.digits import digits_tensors
 
     _write_diabetes(tmp_path / "diabetes.csv")
     _write_diabetes(tmp_path / "new.csv", rows=4)
-    export_image_folder(tmp_path / "scans", image_size=8)
-    scans = sorted((tmp_path / "scans" / "val").rglob("*.png"))[:4]
+    images, _ = digits_tensors(8)  # four scans as PNG files, as `digits export` writes them
     (tmp_path / "some").mkdir()
-    for scan in scans:
-        (tmp_path / "some" / scan.name).write_bytes(scan.read_bytes())
+    scans = [tmp_path / "some" / f"scan-{index}.png" for index in range(4)]
+    for index, scan in enumerate(scans):
+        Image.fromarray((images[index * 100, 0] * 255).round().to(torch.uint8).numpy(), mode="L").save(scan)
     cases = {}
     for name, job in (("diabetes", DIABETES), ("digits", DIGITS), ("gpt", GPT)):
         runjob_tester.write_job(f"{name}.toml", job)
@@ -237,19 +240,25 @@ def test_mlflow_scoring_server_answers_as_runjob_predict(runjob_tester, tmp_path
         {"dataframe_records": [{"prompt": prompt}], "params": {"max_new_tokens": 24}},
     )
 
-    log = tmp_path / "serve.log"
-    deadline = time.monotonic() + 600  # the first server builds the environment
-    for name, (expected, payload) in rows.items():
-        process, url = _serve(runjob_tester, _model_uri(runjob_tester, cases[name]), tmp_path / "envs", log)
-        try:
+    # the first server builds the environment; the other two, started once it answers, reuse it
+    servers, log = {}, tmp_path / "serve.log"
+    try:
+        for name in rows:
+            process, url = servers[name] = _serve(
+                runjob_tester, _model_uri(runjob_tester, cases[name]), tmp_path / "envs", log
+            )
+            if len(servers) == 1:
+                _invoke(url, rows[name][1], process, log, time.monotonic() + 600)
+        deadline = time.monotonic() + 300
+        for name, (expected, payload) in rows.items():
+            process, url = servers[name]
             answer = _invoke(url, payload, process, log, deadline)
             assert "predictions" in answer, answer
-            served = answer["predictions"]
+            _assert_same_rows(expected, answer["predictions"], name)
             wrong = _invoke(url, {"dataframe_records": [{"nothing": 1}]}, process, log, deadline)
-        finally:
+            assert wrong.get("error_code") == "INVALID_PARAMETER_VALUE", wrong
+    finally:
+        for process, _ in servers.values():
             _stop(process)
-        deadline = time.monotonic() + 300
-        _assert_same_rows(expected, served, name)
-        assert wrong.get("error_code") == "INVALID_PARAMETER_VALUE", wrong
     # one environment, built once from the model's files, served all three
     assert len([p for p in (tmp_path / "envs").iterdir() if p.is_dir()]) == 1
