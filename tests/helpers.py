@@ -31,6 +31,26 @@ SMALL_DIGITS = """
 """A small job on the digits: the kit's tiny_cnn (a few thousand parameters) on 16x16 scans;
 ``{name}`` is the job's name (and its MLflow experiment's)."""
 
+TINY_GPT = """
+    [job]
+    name = "{name}"
+    [task]
+    name = "language_modeling"
+    [model]
+    name = "gpt"
+    context = 16
+    layers = 1
+    width = 16
+    heads = 2
+    [dataset]
+    name = "text_files"
+    paths = "corpus/*.txt"
+    context = 16
+    val_fraction = 0.2
+"""
+"""A one-layer, width-16 GPT on the text files in ``corpus/`` (the test writes them); add ``[train]``
+and ``[optimizer]`` tables after it."""
+
 RESNET18_DIGITS = """
     [job]
     name = "{name}"

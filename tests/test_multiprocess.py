@@ -8,7 +8,7 @@ import os
 
 import psutil
 import pytest
-from helpers import uploaded_best
+from helpers import TINY_GPT, uploaded_best
 
 from runjob.testing import free_port
 
@@ -187,22 +187,9 @@ def test_two_processes_equal_one_process_with_twice_the_batch(checked, model, da
         assert [v for _, v in a] == pytest.approx([v for _, v in b], abs=1e-5), key
 
 
-GPT_JOB = """
-    [job]
-    name = "{name}"
-    [task]
-    name = "language_modeling"
-    [model]
-    name = "gpt"
-    context = 16
-    layers = 1
-    width = 16
-    heads = 2
-    [dataset]
-    name = "text_files"
-    paths = "corpus/*.txt"
-    context = 16
-    val_fraction = 0.2
+GPT_JOB = (
+    TINY_GPT
+    + """
     [optimizer]
     name = "sgd"
     lr = 0.5
@@ -212,6 +199,7 @@ GPT_JOB = """
     log_every = 1
     batch_size = {batch_size}
 """
+)
 
 
 def test_two_processes_equal_one_process_with_twice_the_batch_for_a_language_model(checked):

@@ -9,33 +9,22 @@ import re
 import warnings
 
 import pytest
+from helpers import TINY_GPT
 
 from runjob.record import logfile
 from runjob.record.logfile import LibraryLog
 
 # A GPT with tied input and output embeddings: saving it makes Accelerate note the shared tensor.
-TIED_GPT = """
-    [job]
-    name = "quiet"
-    [task]
-    name = "language_modeling"
-    [model]
-    name = "gpt"
-    context = 16
-    layers = 1
-    width = 16
-    heads = 2
-    [dataset]
-    name = "text_files"
-    paths = "corpus/*.txt"
-    context = 16
-    val_fraction = 0.2
+TIED_GPT = (
+    TINY_GPT.format(name="quiet")
+    + """
     [train]
     epochs = 2
     batch_size = 8
     log_every = 2
     checkpoint_every = 4
 """
+)
 
 OWN_LINE = re.compile(r"runjob: |epoch \d+/\d+  step \d+  |step \d+/\d+  |test  step \d+  ")
 PROGRESS_BAR = re.compile(r"epoch \d+/\d+: ")

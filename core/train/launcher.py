@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError
+from runjob.record.store import environment
 from runjob.record.tracking import close_failed_run
 
 
@@ -130,12 +131,11 @@ def launch_workers(
     def shut_down(signum: int) -> None:  # torchrun's own way: it sends the signal to every worker and waits
         raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
-    saved = {name: os.environ.get(name) for name in (TORCHRUN_SIGNALS, TORCHRUN_SIGNALS_SET)}
-    theirs = (saved[TORCHRUN_SIGNALS] or "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
-    os.environ[TORCHRUN_SIGNALS] = ",".join(s for s in theirs if s.strip() not in {x.name for x in ours}) or "SIGHUP"
+    theirs = (os.environ.get(TORCHRUN_SIGNALS) or "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
+    left = ",".join(s for s in theirs if s.strip() not in {x.name for x in ours}) or "SIGHUP"
     listener = StopSignals(ours, shut_down, on_again=_interrupt_workers)
-    try:
-        with listener:
+    try:  # torchrun copies the option into TORCHRUN_SIGNALS_SET: both are put back after
+        with environment({TORCHRUN_SIGNALS: left, TORCHRUN_SIGNALS_SET: left}), listener:
             run(parse_args(arguments))
     except SignalException as stopped:
         _say_stopped(stopped.sigval, listener.again, output_dir, going_on)
@@ -150,12 +150,6 @@ def launch_workers(
         if output_dir is not None:
             close_failed_run(output_dir, reason)
         return code or 1
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return 0
 
 
