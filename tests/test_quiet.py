@@ -107,3 +107,21 @@ def test_the_loggers_and_showwarning_are_put_back(tmp_path):
     assert after == before
     logfile.open_in(tmp_path / "elsewhere")  # no run: nothing is opened
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_commands_besides_a_run_keep_library_chatter_off_the_terminal(runjob_tester):
+    """MLflow's INFO lines (a new store's tables) are not printed by any command; a warning is."""
+    chatty = """
+import logging
+import runjob
+
+@runjob.hookimpl
+def runjob_register_models(register):
+    logging.getLogger("mlflow.store.db.utils").info("Creating initial MLflow database tables...")
+    logging.getLogger("mlflow.tracking").warning("a warning worth reading")
+"""
+    runjob_tester.install_plugin("chatty", {"chatty": chatty}, {"chatty": "chatty"})
+    result = runjob_tester.cli("plugins")
+    assert result.returncode == 0, result.stderr
+    assert "Creating initial MLflow database tables" not in result.stdout + result.stderr
+    assert "WARNING mlflow.tracking: a warning worth reading" in result.stderr

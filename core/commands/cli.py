@@ -333,9 +333,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from runjob.errors import Interrupted, RunjobError, Terminated, user_message
+    from runjob.record.logfile import LibraryLog
 
     try:
-        with _plugin_settings(args):
+        # the libraries' INFO chatter (MLflow creating a new store's tables) is not the user's: a run
+        # keeps it in its runjob.log; other commands drop it (their warnings are still printed)
+        with _plugin_settings(args), LibraryLog("command"):
             return _command(args.command)(args)
     except RunjobError as error:
         _print_problems(user_message(error))
