@@ -80,7 +80,7 @@ def short_keys(keys: list[str]) -> dict[str, str]:
 
 def _short(key: str) -> str:
     parts = key.split(".")
-    if parts[-1] == "name" and len(parts) > 1:  # a component's choice: model.name=resnet50 -> model=resnet50
+    if parts[-1] == "name" and len(parts) > 1:  # a component's choice: TABLE.name=X -> TABLE=X
         return parts[-2]
     return ABBREVIATIONS.get(parts[-1], parts[-1])
 
