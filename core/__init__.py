@@ -2,7 +2,7 @@
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
 ``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``Inputs``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
-``TaskOptions``, ``Callback``, ``CallbackOptions``, ``RunContext``, ``Register``, the FLOP
+``TaskOptions``, ``Generating``, ``Callback``, ``CallbackOptions``, ``RunContext``, ``Register``, the FLOP
 counting helpers (``meta_model``, ``training_flops_per_unit``, ``peak_flops``) and the error
 types; ``run`` trains a job file from Python, as ``runjob run`` does. Nothing here imports torch,
 accelerate or mlflow.
@@ -28,6 +28,7 @@ _LAZY = {
     "Callback": "runjob.host.callback",
     "CallbackOptions": "runjob.host.callback",
     "Task": "runjob.host.task",
+    "Generating": "runjob.host.task",
     "TaskOptions": "runjob.host.task",
     "RunContext": "runjob.host.run_context",
     "Register": "runjob.host.hookspecs",

@@ -33,6 +33,14 @@ URL of a real ``mlflow server``) and ``empty_mlflow_db``; and, for use without t
 :func:`clean_env`, :func:`run_process_group`, :func:`running_mlflow_server`,
 :func:`init_mlflow_store`, :func:`read_run` (a :class:`RecordedRun`, with its :class:`MlflowRun`)
 and :data:`TINY_MODELS`, a plugin with a tiny test model (``tiny_cnn``).
+
+For unit tests of a task or a callback, in milliseconds and without a run: :func:`evaluate_task`
+(a task's metrics over ``(outputs, batch)`` pairs, by the loop's own evaluation code),
+:class:`FakeRun` (a run context that records what a callback does through it) and :func:`drive`
+(a callback sent the loop's events in the loop's order)::
+
+    run = drive(MyCallback(options), steps=20, log_every=5, losses=[3.0] * 20)
+    assert run.history("train/plateau_steps") == [(5, 0), (10, 1), (15, 2)] and run.stop_reason
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ import functools
 import importlib
 import io
 import json
+import math
 import os
 import shutil
 import signal
@@ -51,23 +60,30 @@ import sys
 import textwrap
 import time
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runjob import hookimpl
+from runjob.host.run_context import RunContext
 
 __all__ = [
     "CliResult",
+    "FakeJob",
+    "FakeRun",
     "MlflowRun",
+    "NotFaked",
+    "OneProcessAccelerator",
     "RecordedRun",
     "RunjobTester",
     "TINY_MODELS",
     "build_tiny_cnn",
     "clean_env",
+    "drive",
+    "evaluate_task",
     "free_port",
     "init_mlflow_store",
     "install_project",
@@ -528,6 +544,353 @@ into a test with :meth:`RunjobTester.install_tiny_models` (entry point
 ``tiny_models = runjob.testing:TINY_MODELS`` of distribution ``runjob-testing-tiny-models``)."""
 
 TINY_MODELS_DIST = "runjob-testing-tiny-models"
+
+
+# ---------------------------------------------------------------------------------------------
+# Unit tests without a run: a task's evaluation, a callback's events
+
+
+def evaluate_task(
+    task: Any,
+    evaluated: Iterable[tuple[Any, Any]],
+    options: Any = None,
+    *,
+    prefix: str = "val",
+    name: str | None = None,
+) -> dict[str, float]:
+    """The metrics the host reports for ``task`` over ``evaluated``, a list of ``(outputs, batch)``
+    pairs (the model's outputs for each batch of a split), computed by the training loop's own code
+    (``runjob.train.loop.add_up`` and ``summarize_totals``): ``task.evaluate`` of each pair,
+    checked, summed over the samples in float64, then ``task.summarize(totals, count)``, checked
+    against ``options.metrics()`` and named ``prefix/name`` (``"val/accuracy"``; ``prefix="test"``
+    for the test split), the declared metrics first. This is what ``on_evaluation`` receives.
+
+    ``options``: the task's options (default ``runjob.TaskOptions()``, what a task registered
+    without options has: it declares ``loss``). ``name``: the task's name in messages (default its
+    class name). A mistake the host stops a run for raises ``runjob.errors.TrainingError`` with the
+    host's message. One process: nothing is gathered."""
+    import torch
+
+    from runjob.host.task import TaskOptions
+    from runjob.train.loop import add_up, summarize_totals
+
+    name = name or type(task).__name__
+    with torch.no_grad():  # as the loop evaluates
+        totals, count = add_up(task, name, evaluated)
+        return summarize_totals(task, name, TaskOptions() if options is None else options, totals, count, prefix)
+
+
+class NotFaked(AttributeError):
+    """What a :class:`FakeRun` cannot give: an attribute the test did not set, or one only a real
+    run (a real ``Accelerator``, a resolved job) has."""
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<not set>"
+
+
+UNSET: Any = _Unset()
+"""The value of a :class:`FakeRun` attribute the test did not give: reading it raises :class:`NotFaked`."""
+
+
+class FakeJob:
+    """A stand-in for ``run.job`` (a resolved job) in a :class:`FakeRun`: ``metrics`` (every metric
+    the run can report, with ``"max"`` or ``"min"``) and whatever else is given by keyword (e.g.
+    ``train=SimpleNamespace(log_every=5)``); anything else raises :class:`NotFaked`."""
+
+    def __init__(self, metrics: Mapping[str, str] | None = None, **attributes: Any) -> None:
+        self.metrics = dict(metrics or {})
+        self.__dict__.update(attributes)
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotFaked(f"FakeJob has no {name!r}: give it, FakeJob(metrics=..., {name}=...), or a real resolved job")
+
+
+class OneProcessAccelerator:
+    """``run.accelerator`` of a :class:`FakeRun`: one process, the main one, on the CPU
+    (``num_processes``, ``process_index``, ``is_main_process``, ``device``, ``wait_for_everyone``,
+    ``unwrap_model``, ``print``, and ``save_model`` writing ``model.safetensors`` as Accelerate does
+    on one process). Anything else raises :class:`NotFaked`: give ``FakeRun(accelerator=
+    accelerate.Accelerator(cpu=True))`` for it."""
+
+    num_processes = 1
+    process_index = local_process_index = 0
+    is_main_process = is_local_main_process = is_last_process = True
+
+    @property
+    def device(self) -> Any:
+        import torch
+
+        return torch.device("cpu")
+
+    def wait_for_everyone(self) -> None:
+        """One process waits for nobody."""
+
+    def unwrap_model(self, model: Any, **_: Any) -> Any:
+        return model
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        print(*args, **kwargs)
+
+    def save_model(self, model: Any, save_directory: str | Path, safe_serialization: bool = True, **_: Any) -> None:
+        from safetensors.torch import save_model
+
+        if not safe_serialization:
+            raise NotFaked("FakeRun's accelerator writes safetensors only (safe_serialization=True)")
+        Path(save_directory).mkdir(parents=True, exist_ok=True)
+        save_model(model, str(Path(save_directory) / "model.safetensors"))  # shared (tied) weights stored once
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotFaked(
+            f"FakeRun's accelerator (one process, on the CPU) has no {name!r}: give "
+            "FakeRun(accelerator=accelerate.Accelerator(cpu=True)) for it"
+        )
+
+
+class _FakeRecord:
+    """The run's record, for a :class:`FakeRun`: what would go into ``metrics.jsonl`` and MLflow is
+    kept on the fake run instead."""
+
+    def __init__(self, run: FakeRun) -> None:
+        self.run = run
+
+    def log_training_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.logs.append((step, dict(metrics)))
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self.run.tags.update(tags)
+
+    def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
+        self.run.artifacts.append((Path(path), folder))
+
+
+@dataclass(kw_only=True, repr=False, eq=False)
+class FakeRun(RunContext):
+    """A :class:`runjob.RunContext` for unit tests of a callback, built without an Accelerator,
+    a model or a job: what a callback does through it (``log``, ``set_tags``, ``log_artifact``,
+    ``save_model``, ``request_stop``) goes through ``RunContext``'s own methods into a record kept
+    here for the test to assert on:
+
+    - ``logs``: every ``(step, metrics)`` recorded, as ``metrics.jsonl`` would hold them (under
+      :func:`drive`, runjob's own ``train/loss``, ``lr`` and evaluation metrics too);
+      :meth:`history` gives one metric's ``(step, value)`` points;
+    - ``tags``, ``artifacts`` (``(path, folder)``), ``saved_models`` (the folders),
+      ``stop_requests`` (``(step, reason)``; :attr:`stop_reason` is the first, the one the run ends
+      with), ``events`` (``(event, step, epoch)`` as :func:`drive` sent them), and ``logged`` as on
+      a real run.
+
+    Settable state, by keyword or later: ``step``, ``epoch``, ``job`` (a :class:`FakeJob` or a real
+    resolved job), ``model``, ``optimizer``, ``scheduler``, ``task``, the loaders, ``output_dir``
+    (needed by ``log_artifact``), ``callbacks``; ``accelerator`` is a
+    :class:`OneProcessAccelerator` unless given. Reading one that was not given raises
+    :class:`NotFaked` naming it."""
+
+    job: Any = UNSET
+    accelerator: Any = field(default_factory=OneProcessAccelerator)
+    model: Any = UNSET
+    optimizer: Any = UNSET
+    scheduler: Any = UNSET
+    train_loader: Any = UNSET
+    val_loader: Any = UNSET
+    output_dir: Any = UNSET
+    task: Any = UNSET
+    test_loader: Any = UNSET
+    logs: list[tuple[int, dict[str, float]]] = field(default_factory=list, init=False)
+    tags: dict[str, str] = field(default_factory=dict, init=False)
+    artifacts: list[tuple[Path, str | None]] = field(default_factory=list, init=False)
+    saved_models: list[Path] = field(default_factory=list, init=False)
+    stop_requests: list[tuple[int, str]] = field(default_factory=list, init=False)
+    events: list[tuple[str, int, int]] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        output_dir = object.__getattribute__(self, "output_dir")  # reading it unset would raise
+        if output_dir is not UNSET:
+            self.output_dir = Path(output_dir)
+        self.recorder = _FakeRecord(self)
+        self.stop_request = _StopFlag()
+
+    def __getattribute__(self, name: str) -> Any:
+        value = object.__getattribute__(self, name)
+        if value is UNSET:
+            raise NotFaked(f"this FakeRun has no run.{name}: give it, FakeRun({name}=...), or set run.{name}")
+        return value
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_requests.append((self.step, reason))
+        super().request_stop(reason)
+
+    def save_model(self, folder: str | Path) -> Path:
+        self.saved_models.append(Path(folder))
+        return super().save_model(folder)
+
+    @property
+    def stop_reason(self) -> str:
+        """Why the run would stop: the first ``request_stop`` reason ("" when none was asked)."""
+        return self.stop_request.reason
+
+    def history(self, name: str) -> list[tuple[int, float]]:
+        """Every ``(step, value)`` recorded for metric ``name``, in order."""
+        return [(step, metrics[name]) for step, metrics in self.logs if name in metrics]
+
+    def __repr__(self) -> str:
+        return f"FakeRun(step={self.step}, epoch={self.epoch}, logs={len(self.logs)}, stop={self.stop_reason!r})"
+
+
+@dataclass
+class _StopFlag:
+    reason: str = ""
+
+
+class _StoppedEarly(Exception):  # noqa: N818 - control flow in drive(), as in the loop
+    pass
+
+
+def _per_step(value: Any, what: str, steps: int) -> Callable[[int], Any]:
+    """A value a step from a constant, a sequence (item i for step i + 1) or a function of the step."""
+    if callable(value):
+        return value
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) < steps:
+            raise ValueError(f"drive(): {what} has {len(value)} items for {steps} steps: give one a step")
+        return lambda step: value[step - 1]
+    return lambda step: value
+
+
+def drive(
+    callbacks: Any,
+    *,
+    steps: int,
+    run: FakeRun | None = None,
+    steps_per_epoch: int | None = None,
+    log_every: int = 10,
+    eval_every: int | None = None,
+    losses: Any = 1.0,
+    lr: Any = 1e-3,
+    evaluations: Mapping[int, Mapping[str, float]] | Callable[[int], Mapping[str, float]] | None = None,
+    batches: Any = None,
+) -> FakeRun:
+    """Drive ``callbacks`` (one :class:`runjob.Callback`, or a dict of them by name, called in its
+    order) through the events of a one-process training run of ``steps`` optimizer steps, in the
+    training loop's order and through its own dispatcher (only overridden events are called; one
+    that raises ends in ``runjob.errors.TrainingError`` naming the callback, event and step), with
+    ``run`` (a :class:`FakeRun`, a new one by default; its ``step`` and ``epoch`` start at 0) as the
+    run context; returns the run, whose record (``logs``, ``history``, ``tags``, ``stop_requests``,
+    ``events``, ...) says what they did. Where the runner only reports a callback that fails in
+    ``on_run_end``, here the error is raised, for the test to see.
+
+    The order, as ``runjob.train.loop`` has it (the keys ``train.log_every``, ``train.eval_every``):
+    ``on_run_start``; per epoch (``steps_per_epoch``, default all steps in one) ``on_epoch_start``,
+    then per step ``on_batch`` (steps done so far) and ``on_step`` (steps done, a 0-dim tensor
+    loss), ``on_log`` every ``log_every`` steps and at the end of an epoch when steps are unlogged
+    (``train/loss``, the mean since the last log, and ``lr``; what callbacks log then joins them),
+    an evaluation every ``eval_every`` steps and at the end of the epoch (``on_evaluation_start``,
+    ``on_evaluation`` with the metrics, ``on_evaluation_end``), then ``on_epoch_end``; a stop
+    request is honoured after each step (as on one process), then the run evaluates unless it just
+    did; ``on_train_end`` and ``on_run_end(run, "FINISHED", None)`` close it. No checkpoint is
+    written and no global hook called.
+
+    ``losses`` and ``lr``: a number, a list (one a step) or a function of the step. ``evaluations``:
+    the metrics of each evaluation by step (a dict or a function of the step), e.g. from
+    :func:`evaluate_task`; needed when a callback listens to ``on_evaluation``. ``batches``: what
+    ``on_batch`` gets (a list, one a step, or a function of the steps done); needed when a callback
+    listens to ``on_batch``."""
+    from runjob.host.callback import Callback
+    from runjob.train.loop import Callbacks
+
+    run = FakeRun() if run is None else run
+    run.callbacks = {type(callbacks).__name__: callbacks} if isinstance(callbacks, Callback) else dict(callbacks)
+
+    def listens(event: str) -> bool:
+        base = getattr(Callback, event)
+        return any(getattr(type(item), event) is not base for item in run.callbacks.values())
+
+    if listens("on_batch") and batches is None:
+        raise ValueError("drive(): a callback listens to on_batch: give batches= (a list, one a step, or a function)")
+    if listens("on_evaluation") and evaluations is None:
+        raise ValueError("drive(): a callback listens to on_evaluation: give evaluations= ({step: metrics})")
+    loss_at, lr_at = _per_step(losses, "losses", steps), _per_step(lr, "lr", steps)
+    batch_at = _per_step(batches, "batches", steps) if batches is not None else None
+    per_epoch = steps_per_epoch or steps
+    dispatch = Callbacks(run)
+    run.step, run.epoch = 0, 0
+
+    def send(event: str, *args: Any) -> None:
+        run.events.append((event, run.step, run.epoch))
+        dispatch(event, *args)
+
+    def metrics_at(step: int, why: str) -> dict[str, float]:
+        if evaluations is None:
+            return {}
+        if callable(evaluations):
+            return dict(evaluations(step))
+        if step not in evaluations:
+            raise ValueError(f"drive(): the loop evaluates at step {step} ({why}): evaluations has no metrics for it")
+        return dict(evaluations[step])
+
+    evaluated_at = -1
+
+    def evaluate(why: str) -> None:
+        nonlocal evaluated_at
+        send("on_evaluation_start", run.step, run.epoch)
+        metrics = metrics_at(run.step, why)
+        evaluated_at = run.step
+        run.recorder.log_training_metrics(metrics, run.step)
+        send("on_evaluation", run.step, run.epoch, metrics)
+        send("on_evaluation_end", run.step, run.epoch)
+
+    unlogged: list[float] = []
+
+    def log() -> None:
+        metrics = {"train/loss": sum(unlogged) / len(unlogged), "lr": float(lr_at(run.step))}
+        unlogged.clear()
+        run.joining = metrics  # as the loop does: what callbacks log in on_log joins this record line
+        try:
+            send("on_log", run.step, run.epoch, metrics)
+        finally:
+            run.joining = None
+        run.recorder.log_training_metrics(metrics, run.step)
+
+    def stop_if_asked() -> None:
+        if run.stop_request.reason:
+            raise _StoppedEarly
+
+    send("on_run_start")
+    try:
+        for epoch in range(math.ceil(steps / per_epoch)):
+            run.epoch = epoch
+            send("on_epoch_start", run.step, epoch)
+            for _ in range(min(per_epoch, steps - run.step)):
+                send("on_batch", run.step, epoch, batch_at(run.step) if batch_at else None)  # None: nobody listens
+                run.step += 1
+                loss = float(loss_at(run.step))
+                unlogged.append(loss)
+                send("on_step", run.step, epoch, _loss_tensor(loss) if listens("on_step") else loss)
+                if run.step % log_every == 0:
+                    log()
+                if eval_every and run.step % eval_every == 0:
+                    evaluate(f"train.eval_every = {eval_every}")
+                stop_if_asked()
+            if unlogged:
+                log()
+            if evaluated_at != run.step:
+                evaluate(f"the end of epoch {epoch}")
+            send("on_epoch_end", run.step, epoch)
+            stop_if_asked()
+    except _StoppedEarly:
+        if evaluated_at != run.step:
+            evaluate("the run stops early")
+    send("on_train_end", run.step, run.epoch)
+    for item in run.callbacks.values():  # as the runner ends a run: each callback, whatever the others do
+        run.events.append(("on_run_end", run.step, run.epoch))
+        item.on_run_end(run, "FINISHED", None)
+    return run
+
+
+def _loss_tensor(loss: float) -> Any:
+    import torch
+
+    return torch.tensor(loss)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from runjob import Task, TaskOptions, hookimpl
+from runjob import Generating, Task, TaskOptions, hookimpl
 
 # --- classification ---------------------------------------------------------------------------------
 
@@ -176,11 +176,12 @@ class LanguageModelingOptions(TaskOptions):
         return {"perplexity": "min", "loss": "min"}
 
 
-class LanguageModeling(Task):
+class LanguageModeling(Task, Generating):
     """Next-token prediction. A batch is a token tensor ``(batch, T + 1)`` (the model reads the
     first T, each position predicts the next), an ``(inputs, targets)`` pair already aligned, or a
     tokenizer's dict with ``input_ids`` (and optionally ``labels``, ``attention_mask``). The model
-    gives logits ``(batch, T, vocabulary)``. Throughput is counted in tokens."""
+    gives logits ``(batch, T, vocabulary)``. Throughput is counted in tokens. ``runjob predict``
+    continues prompts (:meth:`generate`)."""
 
     unit = "tokens"
 
@@ -253,7 +254,7 @@ class LanguageModeling(Task):
         new = []
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                logits = model(tokens[:, -context:])[:, -1].float()
+                logits = self.call_model(model, tokens[:, -context:])[:, -1].float()
                 if self.vocabulary is not None:
                     logits = logits[:, : self.vocabulary]  # ids past the data's vocabulary were never targets
                 if temperature > 0:

@@ -230,6 +230,7 @@ def test_csv_inputs_are_standardized_as_the_training_rows(tmp_path):
 def test_language_model_continues_a_prompt(tmp_path):
     import torch
 
+    import runjob
     from runjob.plugins.tasks import LanguageModeling, LanguageModelingOptions
     from runjob.plugins.text import TextFilesOptions, build_text_files
 
@@ -243,7 +244,7 @@ def test_language_model_continues_a_prompt(tmp_path):
     (tmp_path / "b.txt").write_text("hgfedcba" * 40)
     splits = build_text_files(TextFilesOptions(paths=str(tmp_path / "*.txt"), context=8, val_fraction=0.5))
     task = LanguageModeling(LanguageModelingOptions(), 256)
-    assert task.generates
+    assert isinstance(task, runjob.Generating)
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("abc")
     [(name, tokens)] = splits.read_inputs(prompt)

@@ -1,6 +1,11 @@
 """``runjob export RUN --format onnx|pt2``: a finished run's model as an ONNX file
 (``torch.onnx.export``) or a ``torch.export`` program (``torch.export.save``), checked on a batch of
-the validation split against the model itself before the file is put in place."""
+the validation split against the model itself before the file is put in place.
+
+What is exported is the model as the task calls it (``Task.call_model``) on the task's inputs of a
+batch (``Task.inputs``): a tensor, or a dict (tuple, list) of tensors, every one with a batch
+dimension of any size. A program then takes those inputs as one argument (``module({"x": ...})``);
+an ONNX file takes each tensor as an input named by its key (``input`` for a lone tensor)."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import io
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Export run RUN's model with its final weights, check the exported file on validation
     samples, print the largest difference and write it (whole, or nothing)."""
     import torch
+    from torch.utils import _pytree as pytree  # torch's walk over nested inputs, as torch.export takes them
 
     from runjob.host.plugin_host import load_plugins
     from runjob.train.trained import build_model, find_run, load_data, load_job, sample_batch
@@ -47,41 +54,102 @@ def cmd_export(args: argparse.Namespace) -> int:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
         job = load_job(run, [], host)
         splits, task = load_data(job)
-        model = build_model(job, run.model_file)
+        model = task_module(build_model(job, run.model_file), task)
         inputs = task.inputs(sample_batch(splits.val, SAMPLES))
-    if not isinstance(inputs, torch.Tensor):
+    leaves = pytree.tree_leaves(inputs)
+    if not leaves or not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
+        kinds = ", ".join(sorted({type(leaf).__name__ for leaf in leaves})) or type(inputs).__name__
         raise RunjobError(
-            f"model {job.model.name!r} takes {type(inputs).__name__} inputs; export supports models taking one tensor"
+            f"task {job.task.name!r} gives model {job.model.name!r} inputs holding {kinds}; export supports "
+            "inputs made of tensors (one, or a dict, tuple or list of them)"
         )
-    if inputs.shape[0] < 2:  # torch.export treats a batch of one as a constant size
-        inputs = torch.cat([inputs, inputs])
+    if leaves[0].shape[0] < 2:  # torch.export treats a batch of one as a constant size
+        inputs = pytree.tree_map(lambda tensor: torch.cat([tensor, tensor]), inputs)
+    samples = int(pytree.tree_leaves(inputs)[0].shape[0])
     output = _output_path(args, run)
     partial = output.with_name(f".{output.stem}.partial-{os.getpid()}{output.suffix}")
     output.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with torch.no_grad():
-            expected = model(inputs)
+        try:
+            with torch.no_grad():
+                expected = model(inputs)
+        except (RuntimeError, TypeError) as error:  # torch's shape errors; a model called with the wrong arguments
+            raise RunjobError(
+                f"model {job.model.name!r} cannot take task {job.task.name!r}'s inputs of a validation batch "
+                f"({pytree.tree_map(lambda tensor: tuple(tensor.shape), inputs)}): {first_line(error)}; nothing written"
+            ) from None
         exporter = export_onnx if args.format == "onnx" else export_pt2
         difference = exporter(model, inputs, expected, partial, job.model.name)
-        scale = max(1.0, float(expected.detach().abs().max()))
+        scale = max([1.0, *(float(tensor.detach().abs().max()) for tensor in _tensors(expected))])
         if not difference <= args.atol * scale:
             raise RunjobError(
                 f"the exported {args.format} model differs from model {job.model.name!r} by up to {difference:.3g} on "
-                f"{inputs.shape[0]} validation samples (more than --atol {args.atol:g} x {scale:.3g}); nothing written"
+                f"{samples} validation samples (more than --atol {args.atol:g} x {scale:.3g}); nothing written"
             )
         os.replace(partial, output)
     finally:
         partial.unlink(missing_ok=True)
     checker = "onnxruntime" if args.format == "onnx" else "torch.export.load"
-    print(f"max abs difference {difference:.3g} ({checker} against the model, {inputs.shape[0]} validation samples)")
+    print(f"max abs difference {difference:.3g} ({checker} against the model, {samples} validation samples)")
     print(f"runjob: exported model {job.model.name!r} of run {run.label} to {output}", file=sys.stderr)
     return 0
 
 
-def _batch_dimension() -> Any:
+def task_module(model: Any, task: Any) -> Any:
+    """``model`` as ``task`` calls it, as a module of its own taking the task's inputs as one argument
+    (``forward(inputs) = task.call_model(model, inputs)``): what export traces."""
     import torch
 
-    return ({0: torch.export.Dim("batch")},)
+    class TaskModel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+            self.task = task
+
+        def forward(self, inputs: Any) -> Any:
+            return self.task.call_model(self.model, inputs)
+
+    return TaskModel().eval()
+
+
+def _tensors(tree: Any) -> list[Any]:
+    """The tensors in nested dicts, tuples and lists (a model's outputs), in pytree order."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    return [leaf for leaf in pytree.tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
+
+
+def _largest_difference(got: Any, expected: Any) -> float:
+    """The largest absolute difference between the exporter's outputs and the model's."""
+    import numpy as np
+    from torch.utils import _pytree as pytree
+
+    pairs = zip(pytree.tree_leaves(got), _tensors(expected), strict=True)
+    return max(float(np.abs(np.asarray(a) - b.detach().cpu().numpy()).max()) for a, b in pairs)
+
+
+def _names(tree: Any, root: str) -> list[str]:
+    """A name per tensor of ``tree``, for ONNX: ``root`` for a lone tensor, a dict's keys (``x``,
+    ``x_0`` deeper), ``root_0``, ``root_1`` for a tuple's items."""
+    from torch.utils import _pytree as pytree
+
+    flat, _ = pytree.tree_flatten_with_path(tree)
+    names = []
+    for path, _leaf in flat:
+        parts = [str(getattr(key, "key", getattr(key, "idx", key))) for key in path]
+        keyed = bool(path) and isinstance(path[0], pytree.MappingKey)
+        names.append("_".join(parts if keyed else [root, *parts]))
+    return names
+
+
+def _batch_dimension(inputs: Any) -> Any:
+    """``dynamic_shapes`` for ``inputs``: the first dimension of every tensor is one batch size."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    batch = torch.export.Dim("batch")
+    return pytree.tree_map(lambda _tensor: {0: batch}, inputs)
 
 
 def _cannot_export(name: str, what: str, error: BaseException) -> RunjobError:
@@ -90,29 +158,40 @@ def _cannot_export(name: str, what: str, error: BaseException) -> RunjobError:
 
 
 def export_onnx(model: Any, inputs: Any, expected: Any, path: Path, name: str) -> float:
-    """Write the model as ONNX to ``path`` (a batch dimension of any size) and return the largest
-    absolute difference between onnxruntime's outputs and ``expected`` for ``inputs``."""
+    """Write the model (a module whose forward takes ``inputs``, as :func:`task_module` gives) as ONNX to
+    ``path`` (a batch dimension of any size) and return the largest absolute difference between
+    onnxruntime's outputs and ``expected`` for ``inputs``."""
     import numpy as np
     import onnxruntime
     import torch
+    from torch.utils import _pytree as pytree
 
+    names = _names(inputs, "input")
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the exporter's progress lines
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():  # the exporter's progress lines
+            # several inputs share the batch dimension: the exporter says it names it once
+            warnings.filterwarnings("ignore", message="# The axis name", category=UserWarning)
             torch.onnx.export(
                 model,
-                (inputs,),
+                (),
                 str(path),
+                kwargs={"inputs": inputs},  # as keywords: the exporter would take a dict in args for keywords
                 dynamo=True,
                 external_data=False,  # one file: renamed into place whole
-                input_names=["input"],
-                output_names=["output"],
-                dynamic_shapes=_batch_dimension(),
+                input_names=names,
+                output_names=_names(expected, "output"),
+                dynamic_shapes={"inputs": _batch_dimension(inputs)},
             )
     except Exception as error:  # noqa: BLE001 - an operator or a construct the exporter does not support
         raise _cannot_export(name, "to ONNX", error) from None
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    got = session.run(None, {session.get_inputs()[0].name: inputs.numpy()})[0]
-    return float(np.abs(got - expected.detach().numpy()).max())
+    taken = {given.name for given in session.get_inputs()}  # an input the model ignores is left out
+    feed = {
+        key: np.asarray(tensor.detach().cpu().numpy())
+        for key, tensor in zip(names, pytree.tree_leaves(inputs), strict=True)
+        if key in taken
+    }
+    return _largest_difference(session.run(None, feed), expected)
 
 
 def export_pt2(model: Any, inputs: Any, expected: Any, path: Path, name: str) -> float:
@@ -121,10 +200,10 @@ def export_pt2(model: Any, inputs: Any, expected: Any, path: Path, name: str) ->
     import torch
 
     try:
-        program = torch.export.export(model, (inputs,), dynamic_shapes=_batch_dimension())
+        program = torch.export.export(model, (inputs,), dynamic_shapes=(_batch_dimension(inputs),))
     except Exception as error:  # noqa: BLE001 - data-dependent control flow, an unsupported operator
         raise _cannot_export(name, "with torch.export", error) from None
     torch.export.save(program, str(path))
     with torch.no_grad():
         got = torch.export.load(str(path)).module()(inputs)
-    return float((got - expected).abs().max())
+    return _largest_difference(_tensors(got), expected)

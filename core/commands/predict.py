@@ -1,6 +1,7 @@
 """``runjob predict RUN --input PATH``: a finished run's predictions for new inputs, read as the
-run's dataset reads them (``DatasetSplits.inputs`` / ``read_inputs``) and turned into columns by its
-task (``Task.predict``), or, for a language model, continuations of prompts (``Task.generate``).
+run's dataset reads them (``DatasetSplits.inputs`` / ``read_inputs``), given to the model by its task
+(``Task.call_model``) and turned into columns by it (``Task.predict``), or, for a language model (a
+``runjob.Generating`` task), continuations of prompts (``generate``).
 The rows come from ``runjob.record.prediction``, the same code the run's MLflow model predicts with."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.input is not None and not args.input.exists():  # said before torch and the model are loaded
         raise DataError(f"--input {args.input}: no such file or folder")
     from runjob.host.plugin_host import load_plugins
+    from runjob.host.task import generates
     from runjob.record.prediction import Predictor
     from runjob.train.trained import best_device, build_model, find_run, load_data, load_job, sample_batch
 
@@ -44,7 +46,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
         job = load_job(run, args.overrides, host)
         splits, task = load_data(job)
-        if args.prompt is not None and not task.generates:
+        if args.prompt is not None and not generates(task):
             raise RunjobError(
                 f"--prompt is for a language model; task {job.task.name!r} predicts from --input PATH instead"
             )
@@ -61,7 +63,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if len(inputs) == 0:
             raise DataError(f"--input {source}: nothing to predict")
         model = build_model(job, run.model_file).to(best_device())
-        context = int(task.inputs(sample_batch(splits.val, 1)).shape[-1]) if task.generates else None
+        context = int(task.inputs(sample_batch(splits.val, 1)).shape[-1]) if generates(task) else None
         predictor = Predictor(task, splits.inputs, splits.classes, context)
         if predictor.inputs is None and splits.decode is not None:  # a dataset of the older kind
             predictor.inputs = _Decoder(splits.decode)

@@ -164,7 +164,8 @@ class Inputs(ABC):
 
     @abstractmethod
     def encode(self, record: dict[str, Any]) -> Any:
-        """One record as the model takes one sample (a tensor, without the batch dimension), with
+        """One record as one sample of what the task's ``inputs`` gives (a tensor, or a dict of
+        tensors, without the batch dimension), with
         the same transform and normalization as the validation split. Raise ``ValueError`` saying
         what is wrong with a record (a missing column, an unreadable image)."""
 

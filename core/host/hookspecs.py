@@ -170,7 +170,8 @@ def runjob_register_tasks(register: Register) -> None:
 
     * ``loss(outputs, batch)``: the training loss, a 0-dim tensor; ``outputs`` is
       ``forward(model, batch)``, by default ``model(inputs(batch))`` with ``inputs`` the first item
-      of a tuple batch (override ``inputs``/``targets``/``forward`` for dicts and other batches);
+      of a tuple batch (override ``inputs``/``targets`` for dicts and other batches, and
+      ``call_model(model, inputs)`` for a model that takes keyword arguments: ``model(**inputs)``);
     * ``evaluate(outputs, batch)``: per-sample values ``{name: tensor of shape (batch, ...)}``; the
       host gathers them across processes with ``gather_for_metrics`` (each validation sample
       counted once) and sums them on the device;

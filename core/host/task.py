@@ -11,6 +11,7 @@ import torch themselves where they need it.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any, Literal
 
@@ -41,13 +42,24 @@ class Task(ABC):
 
     Three methods are required: :meth:`loss`, :meth:`evaluate` and :meth:`summarize`. The others
     have defaults for ``(inputs, targets)`` batches.
+
+    The model is reached in two steps, in training and at inference alike: :meth:`inputs` picks the
+    model's inputs out of a batch (a tensor, a dict of tensors, a tuple of them), and
+    :meth:`call_model` calls the model with them. Training and evaluation call :meth:`forward`
+    (both steps); ``runjob predict``, the run's MLflow model and ``runjob export`` have no targets:
+    they collate what :meth:`runjob.Inputs.encode` gives (one sample of the model's inputs, as
+    :meth:`inputs` gives them for a batch) and call :meth:`call_model` on it. A task whose model
+    takes a dict as keyword arguments overrides :meth:`inputs` and :meth:`call_model` (not
+    :meth:`forward`), and every command then works with it. A model that continues its inputs
+    (language modelling) also subclasses :class:`Generating`.
     """
 
     unit: str = "samples"
     """What :meth:`count` counts; throughput is logged as ``train/<unit>_per_s``."""
 
     def inputs(self, batch: Any) -> Any:
-        """What the model is called with: the first item of a tuple or list batch, else the batch."""
+        """The model's inputs in a batch: the first item of a tuple or list batch, else the batch.
+        Prediction and export give :meth:`call_model` a batch of these (without targets)."""
         return batch[0] if isinstance(batch, (tuple, list)) else batch
 
     def targets(self, batch: Any) -> Any:
@@ -59,9 +71,16 @@ class Task(ABC):
             "override Task.targets for other batches"
         )
 
+    def call_model(self, model: Any, inputs: Any) -> Any:
+        """The model's outputs for ``inputs`` (what :meth:`inputs` gives, in training, evaluation,
+        prediction and export alike): ``model(inputs)``. Override it for a model that takes several
+        arguments, e.g. ``model(**inputs)`` for a dict of keyword arguments."""
+        return model(inputs)
+
     def forward(self, model: Any, batch: Any) -> Any:
-        """The model's outputs for ``batch``: ``model(self.inputs(batch))``."""
-        return model(self.inputs(batch))
+        """The model's outputs for a training or evaluation ``batch``:
+        ``self.call_model(model, self.inputs(batch))``."""
+        return self.call_model(model, self.inputs(batch))
 
     @abstractmethod
     def loss(self, outputs: Any, batch: Any) -> Any:
@@ -95,24 +114,52 @@ class Task(ABC):
         return int(first.shape[0])
 
     def predict(self, outputs: Any) -> dict[str, Any]:
-        """What ``runjob predict`` writes for a batch of the model's outputs: names mapped to
-        per-sample tensors (first dimension the batch; a ``(batch, k)`` tensor becomes k columns
-        ``name_0 ... name_<k-1>``). By default the outputs as they are, as ``output``; a
+        """What ``runjob predict`` writes for a batch of the model's outputs (of :meth:`call_model`):
+        names mapped to per-sample tensors (first dimension the batch; a ``(batch, k)`` tensor becomes
+        k columns ``name_0 ... name_<k-1>``). By default the outputs as they are, as ``output``; a
         classification task gives the class index and its probability instead. A tensor named
         ``class`` holds class indices, written as the dataset's class names when it has them."""
         return {"output": outputs}
 
-    def generate(self, model: Any, tokens: Any, max_new_tokens: int, context: int, temperature: float, generator: Any):
-        """For a task whose model continues its input (language modelling): the ``max_new_tokens``
-        token ids that follow ``tokens`` (a ``(1, T)`` prompt), greedily when ``temperature`` is 0,
-        else sampled with ``generator``; the model sees at most the last ``context`` tokens (the
-        length it was trained on). Tasks that do not generate leave this as it is."""
-        raise ValueError(f"task {type(self).__name__} does not continue its inputs (it has no generate())")
-
     @property
     def generates(self) -> bool:
-        """Whether this task overrides :meth:`generate` (``runjob predict`` then continues prompts)."""
-        return type(self).generate is not Task.generate
+        """Deprecated: use ``runjob.host.task.generates(task)`` (whether the task is :class:`Generating`)."""
+        warnings.warn(
+            "Task.generates is deprecated and will be removed in the next release: a task that continues its "
+            "inputs subclasses runjob.Generating",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return isinstance(self, Generating) or callable(getattr(self, "generate", None))  # one warning, not two
+
+
+class Generating(ABC):
+    """A task whose model continues its inputs (language modelling): ``runjob predict`` then
+    continues prompts (``--prompt``, ``--max-new-tokens``, ``--temperature``) instead of writing
+    :meth:`Task.predict`'s columns. Subclass it beside :class:`Task`:
+    ``class MyLM(runjob.Task, runjob.Generating)``."""
+
+    @abstractmethod
+    def generate(self, model: Any, tokens: Any, max_new_tokens: int, context: int, temperature: float, generator: Any):
+        """The ``max_new_tokens`` token ids that follow ``tokens`` (a ``(1, T)`` prompt), greedily
+        when ``temperature`` is 0, else sampled with ``generator``; the model sees at most the last
+        ``context`` tokens (the length it was trained on)."""
+
+
+def generates(task: Any) -> bool:
+    """Whether ``task`` continues its inputs: a :class:`Generating` task, or (deprecated, for one
+    release) a task that defines ``generate`` without subclassing it."""
+    if isinstance(task, Generating):
+        return True
+    if callable(getattr(task, "generate", None)):
+        warnings.warn(
+            f"task {type(task).__name__} defines generate() without subclassing runjob.Generating; "
+            "runjob predict continues its prompts for now, but the next release will need the subclass",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return True
+    return False
 
 
 def first_tensor(batch: Any) -> Any:

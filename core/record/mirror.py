@@ -11,15 +11,17 @@ and between the steps (benchmarks/RESULTS.md, section 8). Where MLflow is import
 training process already, the same work runs in a thread of it instead (:func:`in_process`).
 
 Nothing is lost when this process is slow or stops: the local record holds everything and
-``runjob sync`` uploads it. It reads the pipe in a thread of its own, so the training process's
-writes never wait on MLflow. It ignores SIGINT and SIGTERM (a Ctrl-C reaches the whole process
-group; the training process ends the run, then says ``close``), and it exits once told to, or when
-the pipe closes, after sending what it has.
+``runjob sync`` uploads it; a resumed run's recording process first sends MLflow what the record
+holds and it lacks (what a killed predecessor had not sent). It reads the pipe in a thread of its
+own, so the training process's writes never wait on MLflow. It ignores SIGINT and SIGTERM (a Ctrl-C
+reaches the whole process group; the training process ends the run, then says ``close``), and it
+exits once told to, or when the pipe closes, after sending what it has.
 
 Messages in (one JSON object a line, one key): ``start`` (first: where and what to record),
 ``metrics`` (lines as ``metrics.jsonl`` has them), ``tags``, ``artifact``, ``input``, ``model``,
 ``end``. Replies out: ``started`` (run id, tracking URI, experiment id) or ``error``, ``model``
-(``{"error": ...}`` when it could not be built), and ``ended`` (whether everything was sent).
+(``{"error": ...}`` when it could not be built), and ``ended`` (whether everything was sent, and
+whether a resumed run's catch-up was).
 """
 
 from __future__ import annotations
@@ -187,6 +189,8 @@ class _Recording:
         self.start: dict[str, Any] = {}
         self.host: Any = None
         self.first_metrics: Any = None  # a new run's: HeadlineFirst
+        self.prewarmed: threading.Thread | None = None
+        self.caught_up = False  # a resumed run: MLflow was given what its killed predecessor had not sent
 
     def reply(self, **message: Any) -> None:
         self._answer(message)
@@ -233,14 +237,36 @@ class _Recording:
         self.reply(
             started={"run_id": self.run_id, "tracking_uri": uri, "experiment_id": experiment, "default_uri": default}
         )
+        if start.get("role") == "main" and start.get("run_id") is not None:
+            self._catch_up()
         return True
 
+    def _catch_up(self) -> None:
+        """A resumed run: the process that recorded it before may have been killed (SIGKILL,
+        the machine lost) with points not yet sent, which only ``metrics.jsonl`` holds. Send
+        MLflow what the local record has and it lacks, first in the upload queue: this process's
+        time, not training's."""
+        from runjob.record.local import RunRecord
+        from runjob.record.sync import send_record
+
+        def send() -> None:
+            record = RunRecord.read(self.output_dir)
+            if record is not None:
+                send_record(self.client, self.run_id, self.output_dir, record, catching_up=True)
+                self.caught_up = True
+
+        self.uploader.submit(send, "what the run recorded before it was resumed")
+
     def prewarm(self) -> None:
-        """Import what building the MLflow model needs, and load the plugins, while training
-        runs, so the end of the run does not wait for them."""
+        """Import what building the MLflow model needs, and load the plugins, in a thread while
+        training runs, so the end of the run does not wait for them and the messages that arrive
+        meanwhile go to MLflow at once (a process killed with them still queued loses them)."""
+        if self.start.get("log_model", "none") != "none":
+            self.prewarmed = threading.Thread(target=self._prewarm, name="runjob-prewarm", daemon=True)
+            self.prewarmed.start()
+
+    def _prewarm(self) -> None:
         kind = self.start.get("log_model", "none")
-        if kind == "none":
-            return
         from runjob.host.plugin_host import load_plugins
 
         try:
@@ -299,6 +325,8 @@ class _Recording:
         it as the run's logged model; reply ``model``."""
         from runjob.errors import RunjobError, describe
 
+        if self.prewarmed is not None:
+            self.prewarmed.join()  # the plugins it loads build the model
         notes: list[str] = []
         try:
             folder = _build_model(self.output_dir, request, self.host, notes)
@@ -322,7 +350,14 @@ class _Recording:
             return
         self._submit_metrics(self.first_metrics.release() if self.first_metrics else [])
         sent = self.uploader.close(FINAL_UPLOAD_TIMEOUT_S)
-        self.reply(ended={"sent": sent, "failure": self.uploader.failure, "failed_at": self.uploader.failed_at})
+        self.reply(
+            ended={
+                "sent": sent,
+                "failure": self.uploader.failure,
+                "failed_at": self.uploader.failed_at,
+                "caught_up": self.caught_up,
+            }
+        )
 
 
 def _open_run(start: dict[str, Any], uri: str) -> tuple[str, str]:

@@ -2,9 +2,10 @@
 the run's MLflow model (``runjob.record.trained_model``) both take, so they cannot disagree.
 
 A :class:`Predictor` holds everything besides the model that turns a user's raw inputs into rows:
-the task (its ``predict`` / ``generate``), the dataset's :class:`runjob.Inputs` (the fitted
-preprocessing), the class names and a language model's context. The training process pickles it
-into the output folder at the end of a run (``prediction.pkl``), and the MLflow model carries it.
+the task (its ``call_model`` and ``predict``, or a language model's ``generate``), the dataset's
+:class:`runjob.Inputs` (the fitted preprocessing), the class names and a language model's context.
+The training process pickles it into the output folder at the end of a run (``prediction.pkl``),
+and the MLflow model carries it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import DataError, RunjobError, first_line
+from runjob.host.task import generates
 
 PREDICTOR_FILE = "prediction.pkl"
 GENERATION_DEFAULTS = {"max_new_tokens": 100, "temperature": 0.0, "seed": 0}
@@ -56,7 +58,7 @@ class Predictor:
     ) -> list[dict[str, Any]]:
         """One row per ``(name, input)`` item: a language model's continuation, or the task's
         prediction columns; ``what`` names the model in an error."""
-        if self.task.generates:
+        if generates(self.task):
             settings = {**GENERATION_DEFAULTS, **{k: v for k, v in generation.items() if v is not None}}
             decode = self.inputs.decode if self.inputs is not None and self.inputs.decodes else None
             return continuation_rows(model, self.task, decode, items, self.context or 0, **settings)
@@ -81,7 +83,9 @@ def collate(batch: list[Any]) -> Any:
 def prediction_rows(
     model: Any, task: Any, classes: list[str] | None, items: Any, batch_size: int, source: str, what: str = "the model"
 ) -> list[dict[str, Any]]:
-    """One row per item: its name (``input``) and the task's prediction columns, batch by batch."""
+    """One row per item: its name (``input``) and the task's prediction columns, batch by batch.
+    An item's input is one sample of the model's inputs (a tensor, a dict of tensors): batches of
+    them go to the model through the task (``Task.call_model``), as in training."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -90,10 +94,10 @@ def prediction_rows(
     with torch.no_grad():
         for names, batch in DataLoader(items, batch_size=batch_size, collate_fn=collate):
             try:
-                outputs = model(batch.to(device))
-            except RuntimeError as error:  # torch's shape errors
+                outputs = task.call_model(model, to_device(batch, device))
+            except (RuntimeError, TypeError) as error:  # torch's shape errors; a model called with the wrong arguments
                 raise RunjobError(
-                    f"{what} cannot take the inputs read from {source} (a batch of shape {tuple(batch.shape)}): "
+                    f"{what} cannot take the inputs read from {source} (a batch of shape {shapes(batch)}): "
                     f"{first_line(error)}"
                 ) from None
             columns = columns_of(task.predict(outputs), classes)
@@ -101,6 +105,31 @@ def prediction_rows(
                 {"input": name, **{key: values[i] for key, values in columns.items()}} for i, name in enumerate(names)
             )
     return rows
+
+
+def to_device(inputs: Any, device: Any) -> Any:
+    """Every tensor of ``inputs`` (a tensor, or dicts, tuples and lists of them) on ``device``."""
+    import torch
+    from torch.utils import _pytree as pytree  # torch's own nested-container walk, as torch.export uses
+
+    return pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, inputs)
+
+
+def shapes(inputs: Any) -> str:
+    """The shapes in ``inputs``, for messages: ``(8, 3)`` or ``{'x': (8, 2), 'z': (8, 1)}``."""
+    from torch.utils import _pytree as pytree
+
+    return str(pytree.tree_map(lambda x: tuple(x.shape) if hasattr(x, "shape") else type(x).__name__, inputs))
+
+
+def samples_of(inputs: Any) -> list[Any]:
+    """A batch of model inputs (a tensor, a dict of tensors...) as one input per sample, each shaped
+    as :meth:`runjob.Inputs.encode` gives it: collating them gives the batch back."""
+    from torch.utils import _pytree as pytree
+
+    leaves, spec = pytree.tree_flatten(inputs)
+    count = int(leaves[0].shape[0]) if leaves else 0
+    return [pytree.tree_unflatten([leaf[i] for leaf in leaves], spec) for i in range(count)]
 
 
 def columns_of(predicted: dict[str, Any], classes: list[str] | None) -> dict[str, list[Any]]:

@@ -7,11 +7,13 @@ Uploading twice changes nothing: MLflow keeps one copy of an identical metric po
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError, first_line
 from runjob.record.local import RunRecord, now_ms, read_metric_points
+from runjob.record.model_logging import MODEL_FOLDER
 from runjob.record.naming import headline_first, headline_metrics
 from runjob.record.tracking import experiment_id, log_inputs, upload_artifact
 
@@ -23,31 +25,13 @@ FINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 def sync_record(output_dir: Path, record: RunRecord, uri: str) -> dict[str, Any]:
     """Upload ``record`` to the MLflow at ``uri``; returns what was sent."""
     from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param, RunTag
 
     client = MlflowClient(tracking_uri=uri)
     run_id = _run_on_server(client, record, uri, output_dir)
     try:
-        params = [Param(k, v) for k, v in record.params.items()]
-        for first in range(0, len(params), PARAMS_PER_CALL):
-            client.log_batch(run_id, params=params[first : first + PARAMS_PER_CALL])
-        tags = [RunTag(k, str(v)) for k, v in record.tags.items()]
-        for first in range(0, len(tags), PARAMS_PER_CALL):
-            client.log_batch(run_id, tags=tags[first : first + PARAMS_PER_CALL])
-        if record.inputs:
-            log_inputs(client, run_id, record.inputs)
-        points = [
-            Metric(p["key"], float(p["value"]), int(p["timestamp"]), int(p["step"]))
-            for p in headline_first(read_metric_points(output_dir), headline_metrics(record.params, record.tags))
-        ]  # the headline metrics first: mlflow ui's compare view opens on a run's first metric
-        for first in range(0, len(points), METRICS_PER_CALL):
-            client.log_batch(run_id, metrics=points[first : first + METRICS_PER_CALL])
-        artifacts = [a for a in record.artifacts if (output_dir / a["path"]).exists()]
-        for artifact in artifacts:
-            upload_artifact(client, run_id, output_dir / artifact["path"], artifact["artifact_path"])
-        status = record.status
-        if status in FINAL_STATUSES:
-            client.set_terminated(run_id, status, record.end_time)
+        sent = send_record(client, run_id, output_dir, record)
+        if record.status in FINAL_STATUSES:
+            client.set_terminated(run_id, record.status, record.end_time)
     except RunjobError:
         raise
     except Exception as error:  # noqa: BLE001 - the server refused something: say what, keep the record
@@ -55,14 +39,54 @@ def sync_record(output_dir: Path, record: RunRecord, uri: str) -> dict[str, Any]
         raise RunjobError(f"{output_dir}: MLflow at {uri} refused the upload to run {run_id}: {text[:300]}") from None
     record.unsynced, record.synced_at = None, now_ms()
     record.write(output_dir)
-    return {
-        "run_id": run_id,
-        "params": len(params),
-        "tags": len(tags),
-        "metrics": len(points),
-        "artifacts": len(artifacts),
-        "status": status,
-    }
+    return {"run_id": run_id, **sent, "status": record.status}
+
+
+def send_record(
+    client: Any, run_id: str, output_dir: Path, record: RunRecord, catching_up: bool = False
+) -> dict[str, int]:
+    """Send MLflow run ``run_id`` what the local record in ``output_dir`` holds and it lacks: params,
+    tags, dataset inputs (MLflow keeps one copy of each), the metric points it does not have, the
+    artifacts. ``catching_up``: a resumed run's recording process making up for the points its
+    killed predecessor had not sent; it leaves out the MLflow model (the resumed run logs its own).
+    The artifacts are sent again whole (MLflow cannot say whether its copy is the latest: a best
+    model re-logged under one name keeps its size). Returns how many of each were sent."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    params = [Param(k, v) for k, v in record.params.items()]
+    for first in range(0, len(params), PARAMS_PER_CALL):
+        client.log_batch(run_id, params=params[first : first + PARAMS_PER_CALL])
+    tags = [RunTag(k, str(v)) for k, v in record.tags.items()]
+    for first in range(0, len(tags), PARAMS_PER_CALL):
+        client.log_batch(run_id, tags=tags[first : first + PARAMS_PER_CALL])
+    if record.inputs:
+        log_inputs(client, run_id, record.inputs)
+    local = headline_first(read_metric_points(output_dir), headline_metrics(record.params, record.tags))
+    points = [  # the headline metrics first: mlflow ui's compare view opens on a run's first metric
+        Metric(p["key"], float(p["value"]), int(p["timestamp"]), int(p["step"]))
+        for p in missing_points(client, run_id, local)
+    ]
+    for first in range(0, len(points), METRICS_PER_CALL):
+        client.log_batch(run_id, metrics=points[first : first + METRICS_PER_CALL])
+    artifacts = [a for a in record.artifacts if (output_dir / a["path"]).exists()]
+    if catching_up:
+        artifacts = [a for a in artifacts if a["path"] != MODEL_FOLDER]
+    for artifact in artifacts:
+        upload_artifact(client, run_id, output_dir / artifact["path"], artifact["artifact_path"])
+    return {"params": len(params), "tags": len(tags), "metrics": len(points), "artifacts": len(artifacts)}
+
+
+def missing_points(client: Any, run_id: str, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``points`` (as ``metrics.jsonl`` has them) that MLflow run ``run_id`` does not have, in
+    their order: a point is the same one when its key, step, timestamp and value are."""
+
+    def same(key: str, step: int, timestamp: int, value: float) -> tuple[str, int, int, float | str]:
+        return key, int(step), int(timestamp), "nan" if math.isnan(value) else float(value)
+
+    present: set[tuple[str, int, int, float | str]] = set()
+    for key in dict.fromkeys(p["key"] for p in points):
+        present.update(same(m.key, m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key))
+    return [p for p in points if same(p["key"], p["step"], p["timestamp"], float(p["value"])) not in present]
 
 
 def _run_on_server(client: Any, record: RunRecord, uri: str, output_dir: Path) -> str:

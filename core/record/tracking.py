@@ -486,6 +486,10 @@ class Recorder:
                 or (f"still sending after {FINAL_UPLOAD_TIMEOUT_S:.0f} s" if ended is None else "not sent")
             )
             self._give_up(f"{(ended or {}).get('failed_at') or 'upload'}: {reason}")
+        elif ended.get("caught_up") and self.record.unsynced:  # a resume sent what an earlier run had not
+            with self._lock:
+                self.record.unsynced = None
+            self._save()
 
     def _give_up(self, what: str) -> None:
         """MLflow is missing part of the record: note why, and say how to send it."""

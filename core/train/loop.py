@@ -103,32 +103,56 @@ def evaluate(run: RunContext, loader: Any, prefix: str = "val") -> dict[str, flo
     accelerator, model, task = run.accelerator, run.model, run.task
     convert = run.job.train.channels_last
     model.eval()
-    totals: dict[str, Any] = {}
-    count = 0
-    with torch.no_grad():
+
+    def evaluated() -> Any:
         for batch in loader:
             if convert:
                 batch = channels_last(batch)
-            values = task.evaluate(task.forward(model, batch), batch)
-            if not isinstance(values, dict) or not all(hasattr(v, "shape") and v.ndim for v in values.values()):
-                raise TrainingError(
-                    f"task {run.job.task.name!r}: evaluate() must return a dict of tensors whose first dimension is "
-                    f"the batch, got {shapes(values) if isinstance(values, dict) else type(values).__name__}"
-                )
-            values = accelerator.gather_for_metrics(values)
-            for name, value in values.items():
-                total = value.sum(0)
-                if name in totals:
-                    totals[name] += total
-                else:
-                    totals[name] = total.to(torch.float64)
-            count += int(next(iter(values.values())).shape[0]) if values else 0
+            yield task.forward(model, batch), batch
+
+    with torch.no_grad():
+        totals, count = add_up(task, run.job.task.name, evaluated(), accelerator.gather_for_metrics)
     model.train()
     return summarize(run, totals, count, prefix)
 
 
+def add_up(task: Any, task_name: str, evaluated: Any, gather: Any = None) -> tuple[dict[str, Any], int]:
+    """``task.evaluate`` of each ``(outputs, batch)`` of ``evaluated``, checked, gathered across
+    processes (``gather``, none on one process) and summed over the samples on the device (float64):
+    the totals and the number of samples. ``runjob.testing.evaluate_task`` calls it too."""
+    import torch
+
+    totals: dict[str, Any] = {}
+    count = 0
+    for outputs, batch in evaluated:
+        values = task.evaluate(outputs, batch)
+        if not isinstance(values, dict) or not all(hasattr(v, "shape") and v.ndim for v in values.values()):
+            raise TrainingError(
+                f"task {task_name!r}: evaluate() must return a dict of tensors whose first dimension is "
+                f"the batch, got {shapes(values) if isinstance(values, dict) else type(values).__name__}"
+            )
+        if gather is not None:
+            values = gather(values)
+        for name, value in values.items():
+            total = value.sum(0)
+            if name in totals:
+                totals[name] += total
+            else:
+                totals[name] = total.to(torch.float64)
+        count += int(next(iter(values.values())).shape[0]) if values else 0
+    return totals, count
+
+
 def summarize(run: RunContext, totals: dict[str, Any], count: int, prefix: str) -> dict[str, float]:
     """The task's summary of the totals (one device-to-host copy), checked against what it declares."""
+    return summarize_totals(run.task, run.job.task.name, run.job.task.options, totals, count, prefix)
+
+
+def summarize_totals(
+    task: Any, task_name: str, options: Any, totals: dict[str, Any], count: int, prefix: str
+) -> dict[str, float]:
+    """``task.summarize`` of the totals (read back in one device-to-host copy), checked against what
+    ``options.metrics()`` declares, as ``prefix/name``: declared metrics first."""
     import torch
 
     read: dict[str, Any] = {}
@@ -138,20 +162,19 @@ def summarize(run: RunContext, totals: dict[str, Any], count: int, prefix: str) 
         for name, total in totals.items():
             read[name] = flat[offset : offset + total.numel()].reshape(total.shape).tolist()
             offset += total.numel()
-    summary = run.task.summarize(read, count)
-    declared = list(run.job.task.options.metrics())
-    task = run.job.task.name
+    summary = task.summarize(read, count)
+    declared = list(options.metrics())
     missing = [name for name in declared if name not in summary]
     if missing:
         raise TrainingError(
-            f"task {task!r} declares {', '.join(missing)} but its summarize() did not return "
+            f"task {task_name!r} declares {', '.join(missing)} but its summarize() did not return "
             f"{'it' if len(missing) == 1 else 'them'} (it returned: {', '.join(summary) or 'nothing'})"
         )
     metrics = {}
     for name in [*declared, *(name for name in summary if name not in declared)]:
         value = summary[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TrainingError(f"task {task!r}: summarize() gave {name} = {value!r}, not a number")
+            raise TrainingError(f"task {task_name!r}: summarize() gave {name} = {value!r}, not a number")
         metrics[f"{prefix}/{name}"] = float(value)
     return metrics
 

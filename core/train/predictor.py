@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import describe
+from runjob.host.task import generates
 from runjob.record.prediction import Predictor, column_types
 
 SHARDED = ("FSDP", "DEEPSPEED")
@@ -30,7 +31,8 @@ def save_predictor(
     from runjob.train.trained import sample_batch
 
     context, outputs = None, None
-    if task.generates:
+    generating = generates(task)
+    if generating:
         context = int(task.inputs(sample_batch(splits.val, 1)).shape[-1])  # the length the model was trained on
         outputs = {"continuation": "string"} if inputs.decodes else None
     elif accelerator.distributed_type.name not in SHARDED:  # a sharded model's forward needs every process
@@ -40,19 +42,19 @@ def save_predictor(
         predictor.save(output_dir)
     except Exception as error:  # noqa: BLE001 - pickle raises many kinds for an object it cannot store
         return None, plain + f"the task or the dataset's inputs cannot be pickled ({describe(error)})"
-    return {"inputs": dict(inputs.columns), "outputs": outputs, "generates": task.generates}, None
+    return {"inputs": dict(inputs.columns), "outputs": outputs, "generates": generating}, None
 
 
 def _output_columns(model: Any, task: Any, splits: Any) -> dict[str, str] | None:
     """The columns a prediction row has, from two validation samples through the trained model."""
-    from runjob.record.prediction import prediction_rows
+    from runjob.record.prediction import prediction_rows, samples_of
     from runjob.train.trained import sample_batch
 
-    batch = task.inputs(sample_batch(splits.val, 2))
+    samples = samples_of(task.inputs(sample_batch(splits.val, 2)))  # each as Inputs.encode gives one
     training = model.training
     model.eval()
     try:
-        rows = prediction_rows(model, task, splits.classes, [(str(i), x) for i, x in enumerate(batch)], 2, "")
+        rows = prediction_rows(model, task, splits.classes, [(str(i), x) for i, x in enumerate(samples)], 2, "")
     except Exception:  # noqa: BLE001 - only the signature's outputs depend on it: the model still predicts
         return None
     finally:

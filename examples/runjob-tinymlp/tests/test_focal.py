@@ -21,9 +21,14 @@ def focal(runjob_with_plugin):
     return lambda **options: FocalClassification(FocalOptions(**options))
 
 
-def host_totals(values):
-    """evaluate()'s values summed over the samples, as the host hands them to summarize()."""
-    return {name: value.sum(0).double().tolist() for name, value in values.items()}
+def metrics_of(task, *pairs):
+    """What a run reports for the task over these (logits, batch) pairs: runjob's own evaluation
+    (evaluate, summed over the samples, summarize, checked against the declared metrics)."""
+    from runjob_tinymlp import FocalOptions
+
+    from runjob.testing import evaluate_task
+
+    return evaluate_task(task, pairs, FocalOptions())  # the options declare the metrics; gamma is the task's
 
 
 def test_gamma_zero_is_cross_entropy_and_gamma_spares_easy_samples(focal):
@@ -34,6 +39,9 @@ def test_gamma_zero_is_cross_entropy_and_gamma_spares_easy_samples(focal):
     targets = torch.tensor([0, 2, 1, 0])
     batch = (torch.zeros(4, 1), targets)
     assert torch.equal(focal(gamma=0.0).loss(logits, batch), F.cross_entropy(logits, targets))
+    assert metrics_of(focal(gamma=0.0), (logits, batch))["val/loss"] == pytest.approx(
+        F.cross_entropy(logits, targets).item()
+    )
 
     per_sample = focal(gamma=2.0)._focal(logits, targets)
     cross_entropy = F.cross_entropy(logits, targets, reduction="none")
@@ -57,19 +65,20 @@ def test_balanced_accuracy_sees_through_the_majority_class(focal):
     always_zero = torch.tensor([[2.0, -2.0]]).expand(10, 2)
     values = task.evaluate(always_zero, (torch.zeros(10, 1), targets))
     assert values["support"].shape == values["hit"].shape == (10, 2)
-    totals = host_totals(values)
-    assert totals["support"] == [9.0, 1.0] and totals["hit"] == [9.0, 0.0]
-    summary = task.summarize(totals, 10)
-    assert summary["accuracy"] == pytest.approx(0.9)
-    assert summary["balanced_accuracy"] == pytest.approx(0.5)  # recall 1 for class 0, 0 for class 1
+    # in two batches, as a split comes: the sums run over both
+    metrics = metrics_of(
+        task, (always_zero[:6], (torch.zeros(6, 1), targets[:6])), (always_zero[6:], (torch.zeros(4, 1), targets[6:]))
+    )
+    assert list(metrics) == ["val/accuracy", "val/balanced_accuracy", "val/loss"]
+    assert metrics["val/accuracy"] == pytest.approx(0.9)
+    assert metrics["val/balanced_accuracy"] == pytest.approx(0.5)  # recall 1 for class 0, 0 for class 1
 
     # three classes, one absent from the split: recall (2/3 + 1/1) / 2, accuracy 3/4
     logits = torch.eye(3)[[0, 0, 2, 2]]
-    values = task.evaluate(logits, (torch.zeros(4, 1), torch.tensor([0, 0, 0, 2])))
-    summary = task.summarize(host_totals(values), 4)
-    assert summary["accuracy"] == pytest.approx(0.75)
-    assert summary["balanced_accuracy"] == pytest.approx((2 / 3 + 1) / 2)
-    assert math.isfinite(summary["loss"])
+    metrics = metrics_of(task, (logits, (torch.zeros(4, 1), torch.tensor([0, 0, 0, 2]))))
+    assert metrics["val/accuracy"] == pytest.approx(0.75)
+    assert metrics["val/balanced_accuracy"] == pytest.approx((2 / 3 + 1) / 2)
+    assert math.isfinite(metrics["val/loss"])
 
 
 def test_validate_checks_best_metric_against_the_task(runjob_with_plugin):
