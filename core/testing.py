@@ -61,14 +61,14 @@ import textwrap
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runjob import hookimpl
-from runjob.host.run_context import RunContext
+from runjob.host.run_context import Clock, Run
 
 __all__ = [
     "CliResult",
@@ -665,12 +665,21 @@ class _FakeRecord:
         self.run.artifacts.append((Path(path), folder))
 
 
-@dataclass(kw_only=True, repr=False, eq=False)
-class FakeRun(RunContext):
-    """A :class:`runjob.RunContext` for unit tests of a callback, built without an Accelerator,
-    a model or a job: what a callback does through it (``log``, ``set_tags``, ``log_artifact``,
-    ``save_model``, ``request_stop``) goes through ``RunContext``'s own methods into a record kept
-    here for the test to assert on:
+class _FakeParts:
+    """A :class:`FakeRun`'s state: what the test gave; reading anything else raises :class:`NotFaked`."""
+
+    def __init__(self, given: dict[str, Any]) -> None:
+        self.__dict__.update(given)
+
+    def __getattr__(self, name: str) -> Any:
+        raise NotFaked(f"this FakeRun has no run.{name}: give it, FakeRun({name}=...), or set run.{name}")
+
+
+class FakeRun(Run):
+    """A :class:`runjob.Run` for unit tests of a callback, built without an Accelerator, a model
+    or a job: what a callback does through it (``log``, ``set_tags``, ``log_artifact``,
+    ``save_model``, ``request_stop``) goes through ``Run``'s own methods into a record kept here for
+    the test to assert on:
 
     - ``logs``: every ``(step, metrics)`` recorded, as ``metrics.jsonl`` would hold them (under
       :func:`drive`, runjob's own ``train/loss``, ``lr`` and evaluation metrics too);
@@ -680,41 +689,48 @@ class FakeRun(RunContext):
       with), ``events`` (``(event, step, epoch)`` as :func:`drive` sent them), and ``logged`` as on
       a real run.
 
-    Settable state, by keyword or later: ``step``, ``epoch``, ``job`` (a :class:`FakeJob` or a real
-    resolved job), ``model``, ``optimizer``, ``scheduler``, ``task``, the loaders, ``output_dir``
-    (needed by ``log_artifact``), ``callbacks``; ``accelerator`` is a
-    :class:`OneProcessAccelerator` unless given. Reading one that was not given raises
-    :class:`NotFaked` naming it."""
+    The test plays the loop, so here (unlike on a real run) the state is settable, by keyword or
+    later: ``step``, ``epoch``, ``job`` (a :class:`FakeJob` or a real resolved job), ``model``,
+    ``optimizer``, ``scheduler``, ``task``, the loaders, ``output_dir`` (needed by
+    ``log_artifact``), ``callbacks``; ``accelerator`` is a :class:`OneProcessAccelerator` unless
+    given. Reading one that was not given raises :class:`NotFaked` naming it."""
 
-    job: Any = UNSET
-    accelerator: Any = field(default_factory=OneProcessAccelerator)
-    model: Any = UNSET
-    optimizer: Any = UNSET
-    scheduler: Any = UNSET
-    train_loader: Any = UNSET
-    val_loader: Any = UNSET
-    output_dir: Any = UNSET
-    task: Any = UNSET
-    test_loader: Any = UNSET
-    logs: list[tuple[int, dict[str, float]]] = field(default_factory=list, init=False)
-    tags: dict[str, str] = field(default_factory=dict, init=False)
-    artifacts: list[tuple[Path, str | None]] = field(default_factory=list, init=False)
-    saved_models: list[Path] = field(default_factory=list, init=False)
-    stop_requests: list[tuple[int, str]] = field(default_factory=list, init=False)
-    events: list[tuple[str, int, int]] = field(default_factory=list, init=False)
+    SETTABLE = frozenset(
+        {"job", "accelerator", "model", "optimizer", "scheduler", "train_loader", "val_loader", "test_loader"}
+        | {"output_dir", "task", "mlflow_run_id", "callbacks"}
+    )
 
-    def __post_init__(self) -> None:
-        output_dir = object.__getattribute__(self, "output_dir")  # reading it unset would raise
-        if output_dir is not UNSET:
-            self.output_dir = Path(output_dir)
-        self.recorder = _FakeRecord(self)
-        self.stop_request = _StopFlag()
+    def __init__(self, *, step: int = 0, epoch: int = 0, **given: Any) -> None:
+        unknown = sorted(set(given) - self.SETTABLE)
+        if unknown:
+            raise TypeError(
+                f"FakeRun() got unexpected keyword(s) {', '.join(unknown)}: it takes step, epoch and "
+                f"{', '.join(sorted(self.SETTABLE))}"
+            )
+        given.setdefault("accelerator", OneProcessAccelerator())
+        given.setdefault("mlflow_run_id", None)
+        given.setdefault("callbacks", {})
+        if given.get("output_dir") is not None:
+            given["output_dir"] = Path(given["output_dir"])
+        self.logs: list[tuple[int, dict[str, float]]] = []
+        self.tags: dict[str, str] = {}
+        self.artifacts: list[tuple[Path, str | None]] = []
+        self.saved_models: list[Path] = []
+        self.stop_requests: list[tuple[int, str]] = []
+        self.events: list[tuple[str, int, int]] = []
+        super().__init__(_FakeParts(given), clock=Clock(step, epoch), record=_FakeRecord(self))  # type: ignore[arg-type]
 
-    def __getattribute__(self, name: str) -> Any:
-        value = object.__getattribute__(self, name)
-        if value is UNSET:
-            raise NotFaked(f"this FakeRun has no run.{name}: give it, FakeRun({name}=...), or set run.{name}")
-        return value
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("step", "epoch"):
+            setattr(self._clock, name, int(value))
+        elif name in self.SETTABLE:
+            setattr(self._parts, name, Path(value) if name == "output_dir" else value)
+        else:
+            super().__setattr__(name, value)
+
+    @property
+    def callbacks(self) -> Mapping[str, Any]:
+        return self._parts.callbacks  # type: ignore[no-any-return]
 
     def request_stop(self, reason: str) -> None:
         self.stop_requests.append((self.step, reason))
@@ -727,7 +743,7 @@ class FakeRun(RunContext):
     @property
     def stop_reason(self) -> str:
         """Why the run would stop: the first ``request_stop`` reason ("" when none was asked)."""
-        return self.stop_request.reason
+        return self._stop.reason
 
     def history(self, name: str) -> list[tuple[int, float]]:
         """Every ``(step, value)`` recorded for metric ``name``, in order."""
@@ -735,11 +751,6 @@ class FakeRun(RunContext):
 
     def __repr__(self) -> str:
         return f"FakeRun(step={self.step}, epoch={self.epoch}, logs={len(self.logs)}, stop={self.stop_reason!r})"
-
-
-@dataclass
-class _StopFlag:
-    reason: str = ""
 
 
 class _StoppedEarly(Exception):  # noqa: N818 - control flow in drive(), as in the loop
@@ -796,7 +807,8 @@ def drive(
     ``on_batch`` gets (a list, one a step, or a function of the steps done); needed when a callback
     listens to ``on_batch``."""
     from runjob.host.callback import Callback
-    from runjob.train.loop import Callbacks
+    from runjob.host.events import Event
+    from runjob.host.run_context import dispatcher
 
     run = FakeRun() if run is None else run
     run.callbacks = {type(callbacks).__name__: callbacks} if isinstance(callbacks, Callback) else dict(callbacks)
@@ -812,12 +824,12 @@ def drive(
     loss_at, lr_at = _per_step(losses, "losses", steps), _per_step(lr, "lr", steps)
     batch_at = _per_step(batches, "batches", steps) if batches is not None else None
     per_epoch = steps_per_epoch or steps
-    dispatch = Callbacks(run)
+    events = dispatcher(run)  # the loop's own dispatcher: order, error policy, what run.log does
     run.step, run.epoch = 0, 0
 
     def send(event: str, *args: Any) -> None:
         run.events.append((event, run.step, run.epoch))
-        dispatch(event, *args)
+        events.send(Event(event), *args)
 
     def metrics_at(step: int, why: str) -> dict[str, float]:
         if evaluations is None:
@@ -835,7 +847,7 @@ def drive(
         send("on_evaluation_start", run.step, run.epoch)
         metrics = metrics_at(run.step, why)
         evaluated_at = run.step
-        run.recorder.log_training_metrics(metrics, run.step)
+        run.logs.append((run.step, dict(metrics)))  # as the loop records the task's metrics
         send("on_evaluation", run.step, run.epoch, metrics)
         send("on_evaluation_end", run.step, run.epoch)
 
@@ -844,15 +856,11 @@ def drive(
     def log() -> None:
         metrics = {"train/loss": sum(unlogged) / len(unlogged), "lr": float(lr_at(run.step))}
         unlogged.clear()
-        run.joining = metrics  # as the loop does: what callbacks log in on_log joins this record line
-        try:
-            send("on_log", run.step, run.epoch, metrics)
-        finally:
-            run.joining = None
-        run.recorder.log_training_metrics(metrics, run.step)
+        send("on_log", run.step, run.epoch, metrics)  # what callbacks log in on_log joins this record line
+        run.logs.append((run.step, dict(metrics)))
 
     def stop_if_asked() -> None:
-        if run.stop_request.reason:
+        if run.stop_reason:
             raise _StoppedEarly
 
     send("on_run_start")
@@ -881,9 +889,9 @@ def drive(
         if evaluated_at != run.step:
             evaluate("the run stops early")
     send("on_train_end", run.step, run.epoch)
-    for item in run.callbacks.values():  # as the runner ends a run: each callback, whatever the others do
-        run.events.append(("on_run_end", run.step, run.epoch))
-        item.on_run_end(run, "FINISHED", None)
+    run.events.append(("on_run_end", run.step, run.epoch))
+    for listener in events.listeners(Event.RUN_END):  # as the runner ends a run, but a failure is raised
+        listener.call(run, "FINISHED", None)
     return run
 
 

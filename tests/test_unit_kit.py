@@ -1,5 +1,5 @@
 """runjob.testing's unit kit: evaluate_task runs the loop's own evaluation code, a FakeRun records
-what a callback does through the RunContext, and drive() sends a callback the loop's events in the
+what a callback does through the run, and drive() sends a callback the loop's events in the
 loop's order (checked against a real run)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from helpers import SMALL_DIGITS
 
 import runjob
 from runjob.errors import TrainingError
+from runjob.host.run_context import Run, RunParts
 from runjob.testing import FakeJob, FakeRun, NotFaked, drive, evaluate_task
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -41,7 +42,7 @@ def test_evaluate_task_reports_what_the_loops_evaluation_reports():
     loader = DataLoader(TensorDataset(inputs, targets), batch_size=7)  # an uneven last batch
     job = SimpleNamespace(train=SimpleNamespace(channels_last=False), task=SimpleNamespace(name="c", options=options))
     try:
-        run = runjob.RunContext(job, Accelerator(cpu=True), model, None, None, None, loader, Path("."), task=task)
+        run = Run(RunParts(job, Accelerator(cpu=True), model, task, Path("."), val_loader=loader))
         from_the_loop = evaluate(run, loader, "test")
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
@@ -88,7 +89,7 @@ def test_a_fake_run_records_what_a_callback_does_through_the_run_context(tmp_pat
     from safetensors.torch import load_file
 
     run = FakeRun(output_dir=tmp_path, job=FakeJob({"val/accuracy": "max"}), model=torch.nn.Linear(2, 1))
-    assert isinstance(run, runjob.RunContext) and run.accelerator.is_main_process
+    assert isinstance(run, runjob.Run) and run.accelerator.is_main_process
     assert run.job.metrics == {"val/accuracy": "max"}
     run.step = 7
     run.log({"val/gap": 1})
@@ -125,8 +126,7 @@ def test_a_fake_run_has_everything_the_readme_promises_a_callback():
     section = text[text.index("### Writing a callback") : text.index("### Choosing plugins")]
     promised = set(re.findall(r"\brun\.(\w+)", section))
     assert {"log", "request_stop", "save_model", "job", "accelerator"} <= promised
-    fields = FakeRun.__dataclass_fields__
-    assert [name for name in sorted(promised) if not hasattr(FakeRun, name) and name not in fields] == []
+    assert [name for name in sorted(promised) if not hasattr(FakeRun, name) and name not in FakeRun.SETTABLE] == []
 
 
 JOURNAL = '''
@@ -260,3 +260,12 @@ def test_drive_says_what_it_needs_and_names_a_failing_callback():
 
     with pytest.raises(TrainingError, match=r"callback 'broken' failed in on_log at step 2: KeyError"):
         drive({"broken": Broken()}, steps=4, log_every=2)
+
+
+def test_the_old_name_runcontext_still_builds_a_run_with_a_deprecation_warning(tmp_path):
+    with pytest.warns(DeprecationWarning, match=r"runjob.RunContext is now runjob.Run"):
+        legacy = runjob.RunContext
+    run = legacy(FakeJob({}), None, "model", None, None, None, "loader", tmp_path, task="task")
+    assert isinstance(run, runjob.Run) and (run.model, run.val_loader, run.task) == ("model", "loader", "task")
+    with pytest.raises(AttributeError):
+        run.step = 3  # the loop alone moves a real run's position

@@ -500,3 +500,7 @@ def load_model_table(path: str | Path, host: PluginHost) -> Chosen:
     if chosen is None:
         raise JobError(problems)
     return chosen
+
+
+Job = ResolvedJob
+"""The public name of a resolved job, ``runjob.Job``: what ``run.job`` is to a callback, a hook or a task."""

@@ -162,6 +162,14 @@ class LibraryLog:
 _active: LibraryLog | None = None
 
 
+def keep_traceback(what: str, error: BaseException) -> None:
+    """``what`` with ``error``'s traceback, into the run's log file only: a plugin's failure is one
+    line on the terminal, and where it happened is in ``OUTPUT_DIR/runjob.log``."""
+    if _active is not None:
+        exc_info = (type(error), error, error.__traceback__)
+        _active.keep(logging.LogRecord("runjob", logging.ERROR, __file__, 0, what, None, exc_info))
+
+
 def open_in(folder: Path) -> None:
     """The active :class:`LibraryLog` (if any) writes to ``folder/runjob.log`` from now on; one
     that writes to a file already keeps it (the recording thread of a run that records in its

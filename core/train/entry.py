@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from runjob.host.plugin_host import PluginHost
     from runjob.job.validation import ResolvedJob
+    from runjob.train.request import Recording, Resume
 
 SWEEP_TRIAL_TAG = "runjob.sweep.trial"
 
@@ -46,57 +47,57 @@ def run(
     tracking_uri: str | None = None,
     host: PluginHost | None = None,
     job: ResolvedJob | None = None,
+    disabled_plugins: Mapping[str, str] | None = None,
+    recording: Recording = "process",
 ) -> RunOutcome:
     """Train the job in ``job_file`` with ``overrides`` (``"table.key=value"`` texts, applied in
     order); see the module docstring.
 
     ``output_dir``: the run's folder (default ``runs/<job name>/<UTC time>``); with ``resume``
-    (``True`` for the newest complete checkpoint, or a checkpoint folder) the folder to continue.
-    ``tags``: extra MLflow tags for the run. ``tracking_uri``: where to record when the job names
-    no ``tracking.uri`` (default ``$MLFLOW_TRACKING_URI``, else MLflow's default). ``host``: loaded
-    plugins to reuse. ``job``: the job already resolved from ``job_file`` and ``overrides``.
+    (``True`` for the newest complete checkpoint, ``"auto"`` for that or a fresh start, or a
+    checkpoint folder) the folder to continue. ``tags``: extra MLflow tags for the run.
+    ``tracking_uri``: where to record when the job names no ``tracking.uri`` (default
+    ``$MLFLOW_TRACKING_URI``, else MLflow's default). ``host``: loaded plugins to reuse. ``job``:
+    the job already resolved from ``job_file`` and ``overrides``. ``disabled_plugins``: entry-point
+    names not to load (name -> what left it out; default ``$RUNJOB_DISABLE_PLUGINS``).
+    ``recording``: where the MLflow recording runs (:data:`runjob.train.request.Recording`).
     """
-    from runjob.errors import RunjobError
+    from runjob.host.plugin_host import disabled_plugins as default_disabled
     from runjob.host.plugin_host import load_plugins
     from runjob.job.schema import sweep_note
     from runjob.job.validation import load_resolved
     from runjob.record.local import run_id_in
-    from runjob.record.outputs import choose_output_dir
-    from runjob.train.checkpoints import AUTO, AUTO_NEEDS_FOLDER
     from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
+    from runjob.train.request import Resume, RunRequest, output_folder
 
     job_file = Path(job_file)
-    output_dir = Path(output_dir) if output_dir is not None else None
-    resume = Path(resume) if isinstance(resume, str) and resume != AUTO else resume
-    if isinstance(resume, Path) and str(resume) == AUTO:  # --resume auto (a folder named so: ./auto)
-        resume = AUTO
+    disabled = dict(default_disabled() if disabled_plugins is None else disabled_plugins)
     tags = dict(tags or {})
-    host = host or load_plugins()
+    host = host or load_plugins(disabled)
     adopt_slurm_environment()
     job = job or load_resolved(job_file, list(overrides), host)
-    if resume is None and job.train.resume == AUTO:
-        resume = AUTO
-    if resume == AUTO and output_dir is None:
-        raise RunjobError(AUTO_NEEDS_FOLDER)
+    asked = Resume.parse(resume, job.train.resume)
+    worker = is_worker()
+    folder = output_folder(job.job.name, Path(output_dir) if output_dir is not None else None, asked, worker)
+    request = RunRequest(job, folder, asked, tags, tracking_uri, disabled, recording)
     launch = job.launch
-    if is_worker():
+    if worker:
         check_launched_as_asked(launch)
     else:
         if job.sweep is not None and SWEEP_TRIAL_TAG not in tags:
             print(f"runjob: {sweep_note('this trains the base job as written')}", file=sys.stderr)
-        output_dir = output_dir if resume else choose_output_dir(job.job.name, output_dir)
-        print(first_line(job, output_dir, resume), flush=True)
+        print(first_line(job, folder, asked), flush=True)
         if launch.num_processes > 1 or launch.num_machines > 1:
-            worker = run_arguments(job_file, overrides, output_dir, resume, tags, tracking_uri)
+            arguments = run_arguments(job_file, overrides, folder, asked, tags, tracking_uri, disabled)
             going_on = (job_file, list(overrides), tracking_uri)  # said if the workers are stopped
-            code = launch_workers(launch, worker, output_dir, job.train.stop_signal, going_on)
-            return RunOutcome(code, output_dir, run_id_in(output_dir))
+            code = launch_workers(launch, arguments, folder, job.train.stop_signal, going_on)
+            return RunOutcome(code, folder, run_id_in(folder))
     from runjob.train.runner import run_job
 
-    return run_job(job, host, output_dir=output_dir, resume=resume, tags=tags, tracking_uri=tracking_uri)
+    return run_job(request, host)
 
 
-def first_line(job: ResolvedJob, output_dir: Path | None, resume: Any) -> str:
+def first_line(job: ResolvedJob, output_dir: Path, resume: Resume) -> str:
     """What the run will do and where its output goes: said before torch is imported (the time
     to the first line is the time to validate the job, well under a second)."""
     train = job.train
@@ -108,12 +109,12 @@ def first_line(job: ResolvedJob, output_dir: Path | None, resume: Any) -> str:
         )
         if part
     )  # whichever ends first
-    from runjob.train.checkpoints import AUTO, complete_checkpoints
+    from runjob.train.checkpoints import complete_checkpoints
 
-    if resume == AUTO and output_dir is not None and not complete_checkpoints(output_dir):
+    if resume.mode == "auto" and not complete_checkpoints(output_dir):
         where = f"starting afresh in {output_dir}"  # --resume auto with nothing to resume yet
     else:
-        where = f"resuming in {output_dir or resume}" if resume else f"output in {output_dir}"
+        where = f"resuming in {output_dir}" if resume else f"output in {output_dir}"
     return f"runjob: {job.job.name}: {job.model.name} on {job.dataset.name} ({job.task.name}), {length}; {where}"
 
 
@@ -121,9 +122,10 @@ def run_arguments(
     job_file: Path,
     overrides: Sequence[str] = (),
     output_dir: Path | None = None,
-    resume: Path | str | bool | None = None,
+    resume: Resume | None = None,
     tags: Mapping[str, str] | None = None,
     tracking_uri: str | None = None,
+    disabled_plugins: Mapping[str, str] | None = None,
 ) -> list[str]:
     """``run JOB --output-dir ... --set ... --tag ...``: the arguments of ``runjob`` that make a
     process of its own call :func:`run` with these values (launched workers, sweep trials)."""
@@ -131,7 +133,8 @@ def run_arguments(
     if output_dir is not None:
         arguments += ["--output-dir", str(output_dir)]
     if resume:
-        arguments += ["--resume"] + ([str(resume)] if isinstance(resume, (Path, str)) else [])
+        arguments += resume.argument
+    arguments += [part for name in disabled_plugins or {} for part in ("--disable-plugin", name)]
     arguments += [part for override in overrides for part in ("--set", override)]
     arguments += [part for key, value in (tags or {}).items() for part in ("--tag", f"{key}={value}")]
     if tracking_uri:
@@ -147,12 +150,14 @@ def resume_command(
     *,
     afresh: bool = False,
     redacted: bool = False,
+    disabled: Iterable[str] | None = None,
 ) -> str:
     """The ``runjob`` command, quoted to be pasted into a shell, that continues the run in
     ``output_dir`` from its newest complete checkpoint, with the run's ``--set`` overrides, its
     ``--tracking-uri`` and the plugins it left out. ``afresh``: there is no checkpoint, so
     ``--resume auto``, which starts the run again in that folder (the attempt kept aside).
-    ``redacted``: secrets hidden, for the record (then it cannot be pasted as it is)."""
+    ``redacted``: secrets hidden, for the record (then it cannot be pasted as it is). ``disabled``:
+    the plugins the run left out (default ``$RUNJOB_DISABLE_PLUGINS``)."""
     from runjob.host.plugin_host import DISABLE_ENVIRONMENT
     from runjob.job.redaction import redact_override, redact_text
 
@@ -160,7 +165,8 @@ def resume_command(
     words += [part for override in overrides for part in ("--set", redact_override(override) if redacted else override)]
     if tracking_uri:
         words += ["--tracking-uri", redact_text(tracking_uri) if redacted else tracking_uri]
-    disabled = [name for name in os.environ.get(DISABLE_ENVIRONMENT, "").split(",") if name.strip()]
+    if disabled is None:
+        disabled = [name for name in os.environ.get(DISABLE_ENVIRONMENT, "").split(",") if name.strip()]
     words += [part for name in disabled for part in ("--disable-plugin", name.strip())]
     return shlex.join(words)
 

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import Terminated, TrainingError, first_line
-from runjob.errors import describe as describe_error
-from runjob.host.callback import Callback
-from runjob.host.run_context import RunContext
+from runjob.host.events import Dispatcher, Event
+from runjob.host.run_context import Clock, RecordSink, Run, StopFlag
 from runjob.train.checkpoints import Position, save_checkpoint
 
 
@@ -64,7 +63,7 @@ def channels_last(batch: Any) -> Any:
     return recursively_apply(convert, batch, error_on_other_type=False)
 
 
-def first_loss(run: RunContext, batch: Any) -> Any:
+def first_loss(run: Run, batch: Any) -> Any:
     """The loss of the first training batch, its outputs checked by the task: a model that cannot
     take the data, or whose outputs do not fit the task, stops with one line naming all three."""
     job, task = run.job, run.task
@@ -95,7 +94,7 @@ def first_loss(run: RunContext, batch: Any) -> Any:
         ) from None
 
 
-def evaluate(run: RunContext, loader: Any, prefix: str = "val") -> dict[str, float]:
+def evaluate(run: Run, loader: Any, prefix: str = "val") -> dict[str, float]:
     """The task's metrics over a whole split (``prefix/name``): every sample counted once on all
     processes (``gather_for_metrics``), sums kept on the device, read back once."""
     import torch
@@ -143,7 +142,7 @@ def add_up(task: Any, task_name: str, evaluated: Any, gather: Any = None) -> tup
     return totals, count
 
 
-def summarize(run: RunContext, totals: dict[str, Any], count: int, prefix: str) -> dict[str, float]:
+def summarize(run: Run, totals: dict[str, Any], count: int, prefix: str) -> dict[str, float]:
     """The task's summary of the totals (one device-to-host copy), checked against what it declares."""
     return summarize_totals(run.task, run.job.task.name, run.job.task.options, totals, count, prefix)
 
@@ -223,15 +222,11 @@ class NonFiniteGuard:
             )
 
 
-class StopRequest:
-    """Set from a signal handler (SIGTERM, SIGINT, a configured signal), or by a callback's
-    ``run.request_stop(reason)``; the loop stops at the next point where every process can agree:
-    for a signal after writing a checkpoint (the run is KILLED and can resume), for a callback's
-    request cleanly (the run finishes)."""
-
-    def __init__(self) -> None:
-        self.signum = 0
-        self.reason = ""
+class StopRequest(StopFlag):
+    """Set from a signal handler (SIGTERM, SIGINT, a configured signal: ``signum``), or by a
+    callback's ``run.request_stop(reason)``; the loop stops at the next point where every process
+    can agree: for a signal after writing a checkpoint (the run is KILLED and can resume), for a
+    callback's request cleanly (the run finishes)."""
 
     def agreed(self, accelerator: Any) -> tuple[int, bool]:
         """The signal to stop for, and whether a callback asked to stop, agreed by all processes (a
@@ -253,74 +248,45 @@ class StoppedEarly(Exception):  # noqa: N818 - a control-flow signal inside the 
     """A callback asked to stop and every process agreed."""
 
 
-class Callbacks:
-    """The job's callbacks, called in order for each event; one that raises ends the run with an
-    error naming it (the checkpoints written so far are kept). Only the callbacks that override an
-    event are called for it, so an event nobody listens to (``on_batch``) costs a lookup."""
-
-    def __init__(self, run: RunContext) -> None:
-        self.run = run
-        self.items = list(run.callbacks.items())
-        self.listeners: dict[str, list[tuple[str, Any]]] = {}
-
-    def _listening(self, event: str) -> list[tuple[str, Any]]:
-        found = self.listeners.get(event)
-        if found is None:
-            base = getattr(Callback, event)
-            found = [
-                (name, getattr(item, event)) for name, item in self.items if getattr(type(item), event) is not base
-            ]
-            self.listeners[event] = found
-        return found
-
-    def __call__(self, event: str, *args: Any) -> None:
-        for name, method in self._listening(event):
-            try:
-                method(self.run, *args)
-            except (Terminated, KeyboardInterrupt, TrainingError):
-                raise
-            except Exception as error:  # noqa: BLE001 - a callback's failure is said in one line
-                raise TrainingError(
-                    f"callback {name!r} failed in {event} at step {self.run.step}: {describe_error(error)}"
-                ) from error
-
-
 class TrainingLoop:
     """Runs the schedule from ``start``: ``run.task`` turns each batch into a loss and each
-    evaluation into metrics; metrics go into ``run.recorder``; every event goes to the run's
-    callbacks (``run.callbacks``: runjob's own features, best weights, throughput and peak memory,
-    are callbacks too) and to the plugins' global event ``hooks``; checkpoints are written every
-    ``train.checkpoint_every`` steps and at each epoch's end, and ``stop`` is honoured where the
-    processes agree."""
+    evaluation into metrics; metrics go into ``record``; every event goes through ``events``, the
+    run's one dispatcher (the callbacks, runjob's own features among them, then the plugins' global
+    hooks: :mod:`runjob.host.events`); checkpoints are written every ``train.checkpoint_every``
+    steps and at each epoch's end, and ``stop`` is honoured where the processes agree. The loop
+    alone moves ``clock``, the position the run shows (``run.step``, ``run.epoch``)."""
 
     def __init__(
         self,
-        run: RunContext,
-        hooks: Any,
+        run: Run,
+        events: Dispatcher,
+        clock: Clock,
         schedule: Schedule,
+        *,
+        record: RecordSink | None = None,
         start: Position | None = None,
-        stop: StopRequest | None = None,
+        stop: StopRequest,
     ) -> None:
         self.run = run
-        self.hooks = hooks
+        self.events = events
+        self.clock = clock
+        self.recorder = record
         self.schedule = schedule
         self.start = start or Position()
         self.step = self.start.step
-        self.stop = stop or StopRequest()
+        self.stop = stop
         self.saved_with = {"mlflow_run_id": run.mlflow_run_id, "job": run.job.to_dict()}  # in every checkpoint
         self.nonfinite = NonFiniteGuard(run.job.train.on_nonfinite, run.accelerator.device)
         self.last_metrics: dict[str, float] = {}
         self.batches_done = 0
         self.evaluated_at = -1  # the step of the last evaluation: the epoch's end doesn't repeat it
         self.epoch = self.start.epoch
-        self.callbacks = Callbacks(run)
         self.stopped = ""  # why a callback stopped training early, when one did
-        run.stop_request = self.stop
-        run.step, run.epoch = self.step, self.epoch
+        clock.step, clock.epoch = self.step, self.epoch
 
     def record(self, metrics: dict[str, float], step: int) -> None:
-        if self.run.recorder is not None:
-            self.run.recorder.log_training_metrics(metrics, step)
+        if self.recorder is not None:
+            self.recorder.log_training_metrics(metrics, step)
 
     def checkpoint(self, position: Position) -> Path:
         return save_checkpoint(self.run, position, self.run.job.train.keep_checkpoints, self.saved_with)
@@ -350,7 +316,7 @@ class TrainingLoop:
                 print(f"runjob: stopping at step {self.step}: {self.stopped}")
             if self.evaluated_at != self.step:
                 self._evaluate(self.epoch)
-        self.callbacks("on_train_end", self.step, self.epoch)
+        self.events.send(Event.TRAIN_END, self.step, self.epoch)
         self.last_metrics.update(self.run.logged)
         if self.run.test_loader is not None:
             test_metrics = evaluate(self.run, self.run.test_loader, "test")
@@ -367,13 +333,13 @@ class TrainingLoop:
                 break
             started = time.perf_counter()
             skip = self.start.batches_done if epoch == self.start.epoch else 0
-            self.epoch = self.run.epoch = epoch
-            self.callbacks("on_epoch_start", self.step, epoch)
+            self.epoch = self.clock.epoch = epoch
+            self.events.send(Event.EPOCH_START, self.step, epoch)
             train_metrics = self._train_epoch(epoch, skip)
             self.last_metrics.update(train_metrics)
             if self.evaluated_at != self.step:
                 self._evaluate(epoch)
-            self.callbacks("on_epoch_end", self.step, epoch)
+            self.events.send(Event.EPOCH_END, self.step, epoch)
             self._summary(epoch, time.perf_counter() - started)
             # train.max_steps may end the run inside an epoch: a resume with more steps goes on from there
             whole = self.batches_done >= len(self.run.train_loader)
@@ -382,13 +348,12 @@ class TrainingLoop:
             self.checkpoint(finished)
 
     def _evaluate(self, epoch: int) -> dict[str, float]:
-        self.callbacks("on_evaluation_start", self.step, epoch)
+        self.events.send(Event.EVALUATION_START, self.step, epoch)
         metrics = evaluate(self.run, self.run.val_loader)
         self.evaluated_at = self.step
         self.record(metrics, self.step)
-        self.callbacks("on_evaluation", self.step, epoch, metrics)
-        self.hooks.runjob_after_evaluation(run=self.run, epoch=epoch, step=self.step, metrics=metrics)
-        self.callbacks("on_evaluation_end", self.step, epoch)
+        self.events.send(Event.EVALUATION, self.step, epoch, metrics)
+        self.events.send(Event.EVALUATION_END, self.step, epoch)
         # what callbacks logged as evaluation metrics (``val/...``, the ones that may be the
         # best_metric) is shown with the task's, on the step and epoch lines and in the summary
         logged = {name: value for name, value in self.run.logged.items() if name.startswith("val/")}
@@ -440,7 +405,7 @@ class TrainingLoop:
             for batch in batches:
                 if train.channels_last:
                     batch = channels_last(batch)
-                self.callbacks("on_batch", self.step, epoch, batch)
+                self.events.send(Event.BATCH, self.step, epoch, batch)
                 with accelerator.accumulate(model):
                     if self.step == 0 and batches_done == 0 and epoch == 0:
                         loss = first_loss(run, batch)
@@ -469,9 +434,8 @@ class TrainingLoop:
                 if scheduler is not None and stepped and not accelerator.optimizer_step_was_skipped:
                     scheduler.step()
                 self.step += 1
-                run.step = self.step
-                self.hooks.runjob_after_step(run=run, step=self.step, epoch=epoch, loss=loss.detach())
-                self.callbacks("on_step", self.step, epoch, loss.detach())
+                self.clock.step = self.step
+                self.events.send(Event.STEP, self.step, epoch, loss.detach())
                 here = Position(self.step, epoch, batches_done)
                 logged = self.step % train.log_every == 0
                 if logged:
@@ -517,14 +481,8 @@ class TrainingLoop:
         }
         if run.job.train.on_nonfinite == "skip":
             metrics["train/nonfinite_skipped"] = float(self.nonfinite.skipped)
-        run.joining = metrics
-        try:
-            self.callbacks("on_log", self.step, self.epoch, metrics)
-        finally:
-            run.joining = None
+        self.events.send(Event.LOG, self.step, self.epoch, metrics)  # what callbacks log joins this line
         self.record(metrics, self.step)
-        if accelerator.is_main_process:
-            self.hooks.runjob_after_log(run=run, step=self.step, metrics=metrics)
         return metrics
 
     def _summary(self, epoch: int, seconds: float) -> None:

@@ -9,7 +9,7 @@ import signal
 import socket
 import sys
 import time
-import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +17,21 @@ import tomli_w
 
 from runjob.errors import RunjobError, Terminated, TrainingError, describe
 from runjob.host.callback import Callback
+from runjob.host.components import DatasetSplits
+from runjob.host.events import Dispatcher, Event
 from runjob.host.plugin_host import PluginHost
-from runjob.host.run_context import RunContext, save_weights
+from runjob.host.run_context import Clock, Run, RunParts, dispatcher, save_weights
 from runjob.host.task import Task, declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
 from runjob.job.validation import ResolvedJob
 from runjob.record import logfile
 from runjob.record.logfile import LibraryLog
 from runjob.record.naming import recorded_params, run_name
-from runjob.record.outputs import choose_output_dir
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.system_metrics import SystemMetricsSampler
 from runjob.record.tracking import HTTP_DEFAULTS, Recorder, default_experiment, resolve_tracking_uri
 from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
 from runjob.train.checkpoints import (
-    AUTO,
-    AUTO_NEEDS_FOLDER,
     Position,
     compare_jobs,
     complete_checkpoints,
@@ -43,7 +42,8 @@ from runjob.train.checkpoints import (
     tidy_finished,
 )
 from runjob.train.entry import SWEEP_TRIAL_TAG, RunOutcome
-from runjob.train.loop import StopRequest, TrainingLoop, plan_schedule
+from runjob.train.loop import Schedule, StopRequest, TrainingLoop, plan_schedule
+from runjob.train.request import Resume, RunRequest
 from runjob.train.stopping import StopSignals, say, signal_name
 
 
@@ -94,7 +94,35 @@ def default_run_name(job: ResolvedJob, output_dir: Path, tags: dict[str, str] | 
     return run_name(job.source.overrides, output_dir.name, job.job.name, only)
 
 
-def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None, resuming: bool = False):
+@dataclass(frozen=True)
+class Prepared:
+    """The session's first step: the Accelerator, the output folder (made, with ``job.toml``, for a
+    new run) and, when resuming, the checkpoint, its saved state and what the job changed since."""
+
+    accelerator: Any
+    output_dir: Path
+    checkpoint: Path | None = None
+    saved: dict[str, Any] = field(default_factory=dict)
+    changes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Built:
+    """The session's build step: the data, the task, and the model, optimizer and loaders prepared
+    by the Accelerator, the scheduler for the real step count and the schedule."""
+
+    splits: DatasetSplits
+    task: Task
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    train_loader: Any
+    val_loader: Any
+    test_loader: Any
+    schedule: Schedule
+
+
+def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None, resuming: bool = False) -> Built:
     """Dataset, task, model, optimizer and loaders, prepared; then the scheduler for the real step count.
 
     The model starts from ``model.init_from`` when set (its lineage tagged on the run through
@@ -127,8 +155,7 @@ def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None,
     schedule = plan_schedule(job.train, len(train_loader))
     # Not passed through prepare: Accelerate would step it once per process per optimizer step.
     scheduler = job.scheduler.component.factory(optimizer, job.scheduler.options, schedule.total_steps)
-    loaders = (train_loader, val_loader, test_loader)
-    return splits, task, model, optimizer, scheduler, loaders, schedule
+    return Built(splits, task, model, optimizer, scheduler, train_loader, val_loader, test_loader, schedule)
 
 
 def _start_from(job: ResolvedJob, accelerator: Any, model: Any, recorder: Recorder | None) -> str | None:
@@ -150,27 +177,20 @@ def _start_from(job: ResolvedJob, accelerator: Any, model: Any, recorder: Record
     return line
 
 
-def run_job(
-    job: ResolvedJob,
-    host: PluginHost,
-    output_dir: Path | None = None,
-    resume: Path | bool | None = None,
-    tags: dict[str, str] | None = None,
-    tracking_uri: str | None = None,
-) -> RunOutcome:
-    """Train ``job`` in this process (continuing from a checkpoint when ``resume`` is set).
+def run_job(request: RunRequest, host: PluginHost) -> RunOutcome:
+    """Train ``request.job`` in this process (continuing from a checkpoint when it resumes).
 
     User mistakes raise RunjobError (exit 2); a stop signal ends with Terminated after a checkpoint.
     The signal handlers and Accelerate's process-wide state are put back afterwards, so a process
     can run several jobs one after another (tests, notebooks, benchmarks).
     """
     stop = StopRequest()
-    listener = _listen_for_stop(stop, job.train.stop_signal)
+    listener = _listen_for_stop(stop, request.job.train.stop_signal)
     # Accelerate's switches and MLflow's HTTP retry bounds (tracking.HTTP_DEFAULTS) are set in os.environ
     environment = {name: os.environ.get(name) for name in (*ACCELERATE_SWITCHES, *HTTP_DEFAULTS)}
     try:
         with LibraryLog("train"):  # the libraries' chatter goes to OUTPUT_DIR/runjob.log
-            return _train(job, host, output_dir, resume, tags or {}, tracking_uri, stop)
+            return _session(request, host, stop)
     finally:
         from runjob.record.mirror import discard_prestarted
 
@@ -179,97 +199,35 @@ def run_job(
         _reset_accelerate(environment)
 
 
-def _train(
-    job: ResolvedJob,
-    host: PluginHost,
-    output_dir: Path | None,
-    resume: Path | bool | None,
-    tags: dict[str, str],
-    tracking_uri: str | None,
-    stop: StopRequest,
-) -> RunOutcome:
+def _session(request: RunRequest, host: PluginHost, stop: StopRequest) -> RunOutcome:
+    """One run, step by step: prepare (Accelerator, folder, checkpoint) -> record (MLflow run,
+    system metrics) -> build (data, model, optimizer, loaders) -> fit (the loop, its events) ->
+    finish (final weights, the MLflow model, RUN_END, the record closed)."""
+    job = request.job
     _prestart_recording(job)
-    from accelerate.utils import set_seed
-
-    plan = job.strategy.component.factory(job.strategy.options)
-    accelerator = build_accelerator(job, plan)
-    check_setup(accelerator, job, plan)
-    checkpoint, saved = None, {}
-    if resume == AUTO:
-        resume = _auto_resume(accelerator, output_dir)
-    if resume:
-        output_dir, checkpoint, saved, changes = _resume_point(job, output_dir, resume)
-    else:
-        output_dir = choose_output_dir(job.job.name, output_dir)
-    output_dir = _same_on_all_processes(accelerator, output_dir)
-    if accelerator.is_main_process and checkpoint is None:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "job.toml").write_text(job.to_toml(), encoding="utf-8")
-    logfile.open_in(output_dir)
-    set_seed(job.job.seed)
-
-    recorder = _start_record(job, host, accelerator, output_dir, checkpoint is not None, tags, tracking_uri)
-    if checkpoint is not None:
-        resumed = {f"runjob.resumed.step_{saved['step']}": "; ".join(changes) or "no changes"}
-        if recorder.active and NOTE in recorder.record.tags:  # a stop's "to go on" is done now
-            resumed[NOTE] = job.job.description or ""
-        recorder.set_tags(resumed)
-    sampler = None
-    interval = job.tracking.system_metrics_interval
-    if interval is None:  # GPU runs: utilisation and memory earn their place; a CPU run's would crowd its own
-        interval = SYSTEM_METRICS_ON_GPU if accelerator.device.type == "cuda" else 0.0
-    if interval and recorder.role == "main":  # from the start, so the data's loading shows
-        sampler = SystemMetricsSampler(
-            recorder.log_metrics, interval, job.launch.machine_rank, recorder.record.start_time
-        )
-        sampler.start()
-    run: RunContext | None = None
+    prepared = _prepare(request)
+    recorder = _start_record(request, host, prepared)
+    sampler = _system_metrics(job, recorder, prepared.accelerator, "main")  # from the start: data loading shows
+    accelerator, output_dir = prepared.accelerator, prepared.output_dir
+    run: Run | None = None
+    events: Dispatcher | None = None
     status, error = "FINISHED", None
     began = time.monotonic()
     try:
-        built = _build(job, accelerator, recorder, resuming=checkpoint is not None)
-        splits, task, model, optimizer, scheduler, loaders, schedule = built
+        built = _build(job, accelerator, recorder, resuming=prepared.checkpoint is not None)
         run_id = _open_record(recorder, accelerator, job)
-        if accelerator.is_main_process:
-            resumed = f", resuming {checkpoint.name}" if checkpoint is not None else ""
-            where = (
-                f", MLflow run {run_id}"
-                if run_id and recorder.online
-                else ", recording offline (upload later with `runjob sync`)"
-                if job.tracking.offline
-                else ""
-            )
-            print(f"runjob: {accelerator.num_processes} process(es) on {accelerator.device.type}{where}{resumed}")
-        if interval and recorder.role == "node":
-            sampler = SystemMetricsSampler(recorder.log_metrics, interval, job.launch.machine_rank, recorder.start_ms)
-            sampler.start()
-        recorder.log_input(dataset_lineage(job, splits), "training")
-        _record_baselines(recorder, accelerator, splits.baselines)
-        train_loader, val_loader, test_loader = loaders
-        run = RunContext(job, accelerator, model, optimizer, scheduler, train_loader, val_loader, output_dir, run_id)
-        run.task, run.test_loader, run.recorder = task, test_loader, recorder
-        run.callbacks = _make_callbacks(job)
-        start = load_checkpoint(run, checkpoint) if checkpoint is not None else Position()
-        host.hook.runjob_run_start(run=run)
-        loop = TrainingLoop(run, host.hook, schedule, start, stop)
-        loop.callbacks("on_run_start")
+        _say_start(job, accelerator, recorder, run_id, prepared.checkpoint)
+        sampler = sampler or _system_metrics(job, recorder, accelerator, "node")
+        recorder.log_input(dataset_lineage(job, built.splits), "training")
+        _record_baselines(recorder, accelerator, built.splits.baselines)
+        run, events, loop = _assemble(request, host, prepared, built, recorder, run_id, stop)
         loop.fit()
-        if loop.stopped:
-            recorder.set_tags({"runjob.stopped": loop.stopped, "runjob.stopped.step": str(loop.step)})
-        accelerator.wait_for_everyone()
-        save_weights(accelerator, model, output_dir)
-        if accelerator.is_main_process:
-            tidied = tidy_finished(output_dir, job.train.keep_checkpoints_finished)
-            if tidied:
-                print(f"runjob: {tidied}")
-            _record_outputs(recorder, job, output_dir, splits, task, accelerator, model)
-            summary = _summary(job, recorder, output_dir, loop, time.monotonic() - began)
-            recorder.model_logged()
+        summary = _finish_training(job, prepared, built, recorder, loop, time.monotonic() - began)
     except (KeyboardInterrupt, Terminated) as interrupt:
         status, error = "KILLED", interrupt
         if accelerator.is_main_process:
             step = run.step if run is not None else None
-            raise _how_to_go_on(job, recorder, output_dir, tracking_uri, interrupt, step) from None
+            raise _how_to_go_on(request, recorder, output_dir, interrupt, step) from None
         raise
     except BaseException as failure:
         status, error = "FAILED", failure
@@ -277,10 +235,129 @@ def _train(
     finally:
         if sampler is not None:
             sampler.stop()
-        _finish(host, run, recorder, accelerator, status, error)
+        _finish(events, recorder, accelerator, status, error, output_dir)
     if accelerator.is_main_process:
         print("\n".join(summary), flush=True)
     return RunOutcome(0, output_dir, run_id)
+
+
+def _prepare(request: RunRequest) -> Prepared:
+    """The Accelerator for the job's strategy; the checkpoint to continue from (``--resume auto``
+    with none: the earlier attempt set aside, a new run); the folder with ``job.toml`` for a new
+    run; the log file; the seed."""
+    from accelerate.utils import set_seed
+
+    job = request.job
+    plan = job.strategy.component.factory(job.strategy.options)
+    accelerator = build_accelerator(job, plan)
+    check_setup(accelerator, job, plan)
+    output_dir = _same_on_all_processes(accelerator, request.output_dir)
+    resume = request.resume
+    if resume.mode == "auto" and not _auto_resume(accelerator, output_dir):
+        resume = Resume()
+    prepared = Prepared(accelerator, output_dir)
+    if resume:
+        checkpoint, saved, changes = _resume_point(job, output_dir, resume)
+        prepared = Prepared(accelerator, output_dir, checkpoint, saved, changes)
+    elif accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "job.toml").write_text(job.to_toml(), encoding="utf-8")
+    logfile.open_in(output_dir)
+    set_seed(job.job.seed)
+    return prepared
+
+
+def _say_start(
+    job: ResolvedJob, accelerator: Any, recorder: Recorder, run_id: str | None, checkpoint: Path | None
+) -> None:
+    if not accelerator.is_main_process:
+        return
+    resumed = f", resuming {checkpoint.name}" if checkpoint is not None else ""
+    where = (
+        f", MLflow run {run_id}"
+        if run_id and recorder.online
+        else ", recording offline (upload later with `runjob sync`)"
+        if job.tracking.offline
+        else ""
+    )
+    print(f"runjob: {accelerator.num_processes} process(es) on {accelerator.device.type}{where}{resumed}")
+
+
+def _system_metrics(job: ResolvedJob, recorder: Recorder, accelerator: Any, role: str) -> SystemMetricsSampler | None:
+    """``tracking.system_metrics_interval``'s sampler, started, where ``role`` records: the main
+    process from the start; another machine's first process once the run's start time is known."""
+    interval = job.tracking.system_metrics_interval
+    if interval is None:  # GPU runs: utilisation and memory earn their place; a CPU run's would crowd its own
+        interval = SYSTEM_METRICS_ON_GPU if accelerator.device.type == "cuda" else 0.0
+    if not interval or recorder.role != role:
+        return None
+    start = recorder.record.start_time if role == "main" else recorder.start_ms
+    sampler = SystemMetricsSampler(recorder.log_metrics, interval, job.launch.machine_rank, start)
+    sampler.start()
+    return sampler
+
+
+def _assemble(
+    request: RunRequest,
+    host: PluginHost,
+    prepared: Prepared,
+    built: Built,
+    recorder: Recorder,
+    run_id: str | None,
+    stop: StopRequest,
+) -> tuple[Run, Dispatcher, TrainingLoop]:
+    """The run its events see, the one dispatcher of those events, and the loop, positioned where
+    the checkpoint left off (callbacks' state loaded); then RUN_START."""
+    job = request.job
+    callbacks = _make_callbacks(job)
+    parts = RunParts(
+        job,
+        prepared.accelerator,
+        built.model,
+        built.task,
+        prepared.output_dir,
+        built.optimizer,
+        built.scheduler,
+        built.train_loader,
+        built.val_loader,
+        built.test_loader,
+        run_id,
+        callbacks,
+    )
+    clock = Clock()
+    run = Run(parts, clock=clock, record=recorder, stop=stop)
+    plugins = {name: chosen.component.plugin for name, chosen in job.enabled_callbacks().items()}
+    events = dispatcher(run, host.hook, plugins)
+    start = load_checkpoint(run, prepared.checkpoint) if prepared.checkpoint is not None else Position()
+    if prepared.checkpoint is not None:
+        resumed = {f"runjob.resumed.step_{prepared.saved['step']}": "; ".join(prepared.changes) or "no changes"}
+        if recorder.active and NOTE in recorder.record.tags:  # a stop's "to go on" is done now
+            resumed[NOTE] = job.job.description or ""
+        recorder.set_tags(resumed)
+    loop = TrainingLoop(run, events, clock, built.schedule, record=recorder, start=start, stop=stop)
+    events.send(Event.RUN_START)
+    return run, events, loop
+
+
+def _finish_training(
+    job: ResolvedJob, prepared: Prepared, built: Built, recorder: Recorder, loop: TrainingLoop, seconds: float
+) -> list[str]:
+    """The final weights saved, the finished run's checkpoints tidied, the outputs recorded (the
+    MLflow model built and waited for); the summary lines to print."""
+    accelerator, output_dir = prepared.accelerator, prepared.output_dir
+    if loop.stopped:
+        recorder.set_tags({"runjob.stopped": loop.stopped, "runjob.stopped.step": str(loop.step)})
+    accelerator.wait_for_everyone()
+    save_weights(accelerator, built.model, output_dir)
+    if not accelerator.is_main_process:
+        return []
+    tidied = tidy_finished(output_dir, job.train.keep_checkpoints_finished)
+    if tidied:
+        print(f"runjob: {tidied}")
+    _record_outputs(recorder, job, output_dir, built.splits, built.task, accelerator, built.model)
+    summary = _summary(job, recorder, output_dir, loop, seconds)
+    recorder.model_logged()
+    return summary
 
 
 def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: TrainingLoop, seconds: float) -> list[str]:
@@ -339,17 +416,11 @@ def _recording_role(accelerator: Any) -> str:
     return "node" if accelerator.is_local_main_process else "none"
 
 
-def _start_record(
-    job: ResolvedJob,
-    host: PluginHost,
-    accelerator: Any,
-    output_dir: Path,
-    resuming: bool,
-    tags: dict[str, str],
-    tracking_uri: str | None,
-) -> Recorder:
+def _start_record(request: RunRequest, host: PluginHost, prepared: Prepared) -> Recorder:
     """Start the run's record on the main process; the recording process opens its MLflow run
     meanwhile (:func:`_open_record` waits for it)."""
+    job, accelerator, output_dir = request.job, prepared.accelerator, prepared.output_dir
+    resuming, tags = prepared.checkpoint is not None, dict(request.tags)
     recorder = Recorder(output_dir, role=_recording_role(accelerator), machine_rank=job.launch.machine_rank)
     recorder.start(
         tracking=job.tracking,
@@ -357,7 +428,7 @@ def _start_record(
         run_name=default_run_name(job, output_dir, tags),
         params=recorded_params(job),
         tags=_tags(job, host, accelerator, output_dir, tags),
-        tracking_uri=job.tracking.uri or tracking_uri,
+        tracking_uri=job.tracking.uri or request.tracking_uri,
         resuming=resuming,
         disabled={d.name: d.by for d in host.disabled},
         model_name=job.job.name,  # MLflow's Models tab lists the models of every run by name
@@ -432,32 +503,22 @@ def _record_outputs(
         recorder.log_model(task.inputs(example_batch(splits.val)))
 
 
-def _resume_point(
-    job: ResolvedJob, output_dir: Path | None, resume: Path | bool
-) -> tuple[Path, Path, dict[str, Any], list[str]]:
-    """The output folder, checkpoint and saved state to continue from; refuses another job's."""
-    explicit = resume if isinstance(resume, Path) else None
-    if output_dir is None:
-        if explicit is None:
-            raise RunjobError(
-                "--resume needs --output-dir DIR (the folder of the run to continue) or a checkpoint path"
-            )
-        output_dir = explicit.parent.parent
-    checkpoint = find_checkpoint(output_dir, explicit)
+def _resume_point(job: ResolvedJob, output_dir: Path, resume: Resume) -> tuple[Path, dict[str, Any], list[str]]:
+    """The checkpoint and saved state to continue from, and what the job changed (recorded); refuses
+    another job's."""
+    checkpoint = find_checkpoint(output_dir, resume.checkpoint)
     saved = read_state(checkpoint)
     refused, _ = compare_jobs(saved.get("job", {}), job.to_dict())
     _, allowed = compare_jobs(redact_tables(saved.get("job", {})), redact_tables(job.to_dict()))  # recorded as a tag
     if refused:
         raise RunjobError(f"--resume {checkpoint}: made by a different job; these values differ: {'; '.join(refused)}")
-    return output_dir, checkpoint, saved, allowed
+    return checkpoint, saved, allowed
 
 
-def _auto_resume(accelerator: Any, output_dir: Path | None) -> bool:
+def _auto_resume(accelerator: Any, output_dir: Path) -> bool:
     """``--resume auto``: whether ``output_dir`` holds a complete checkpoint to continue from. When
     it holds none but an earlier attempt's files (killed before its first checkpoint), the main
     process moves them to ``attempts/N`` and marks that attempt's run KILLED; then all start afresh."""
-    if output_dir is None:
-        raise RunjobError(AUTO_NEEDS_FOLDER)
     if complete_checkpoints(output_dir):
         return True
     if accelerator.is_main_process and (output_dir / "job.toml").exists():
@@ -497,12 +558,7 @@ NOTE = "mlflow.note.content"  # MLflow's run description
 
 
 def _how_to_go_on(
-    job: ResolvedJob,
-    recorder: Recorder,
-    output_dir: Path,
-    tracking_uri: str | None,
-    interrupt: BaseException,
-    step: int | None,
+    request: RunRequest, recorder: Recorder, output_dir: Path, interrupt: BaseException, step: int | None
 ) -> BaseException:
     """The stop to raise, holding the checkpoint and the command that goes on from it (the command
     line prints them), which are also recorded: the tag ``runjob.resume_command`` and a paragraph of
@@ -516,9 +572,10 @@ def _how_to_go_on(
         if checkpoint is None:
             found = complete_checkpoints(output_dir)
             checkpoint = found[-1] if found else None
-        arguments = (job.source.path, job.source.overrides, output_dir, tracking_uri)
-        command = resume_command(*arguments, afresh=checkpoint is None)
-        recorded = resume_command(*arguments, afresh=checkpoint is None, redacted=True)
+        job, disabled = request.job, list(request.disabled_plugins)
+        arguments = (job.source.path, job.source.overrides, output_dir, request.tracking_uri)
+        command = resume_command(*arguments, afresh=checkpoint is None, disabled=disabled)
+        recorded = resume_command(*arguments, afresh=checkpoint is None, redacted=True, disabled=disabled)
         at = f" at step {step}" if step is not None else ""
         if isinstance(interrupt, Terminated):
             interrupt.resume_command = command
@@ -568,24 +625,20 @@ def _same_on_all_processes(accelerator: Any, output_dir: Path) -> Path:
 
 
 def _finish(
-    host: PluginHost,
-    run: RunContext | None,
+    events: Dispatcher | None,
     recorder: Recorder,
     accelerator: Any,
     status: str,
     error: BaseException | None,
+    output_dir: Path,
 ) -> None:
-    if run is not None:
-        try:
-            host.hook.runjob_run_end(run=run, status=status, error=error)
-        except Exception:  # noqa: BLE001 - a plugin's bug must not hide the run's own outcome
-            print("runjob: a plugin's runjob_run_end hook failed:", file=sys.stderr)
-            traceback.print_exc()
-        for name, callback in run.callbacks.items():
-            try:
-                callback.on_run_end(run, status, error)
-            except Exception as failure:  # noqa: BLE001 - said in one line; the run's outcome stands
-                print(f"runjob: callback {name!r} failed in on_run_end: {describe(failure)}", file=sys.stderr)
+    """RUN_END to every listener (a failure there is said in one line; the outcome stands), a
+    plugin's failure's traceback kept in ``runjob.log``, the record closed, the processes parted."""
+    if isinstance(error, TrainingError) and error.__cause__ is not None:
+        logfile.keep_traceback(str(error), error.__cause__)  # the terminal has the one line
+    if events is not None:
+        for line in events.end(status, error):
+            print(f"runjob: {line}", file=sys.stderr)
     recorder.end(status, error)
     accelerator.end_training()
     _destroy_process_group()

@@ -18,7 +18,7 @@ from typing import Any
 
 from runjob.errors import RunjobError, TrainingError, first_line
 from runjob.host.components import DatasetSplits, ImageTensors
-from runjob.host.run_context import RunContext
+from runjob.host.run_context import Run, RunParts
 from runjob.host.task import Task
 from runjob.job.validation import ResolvedJob, load_resolved
 from runjob.record.local import RunRecord
@@ -200,8 +200,7 @@ def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, f
     with one_process_accelerator(job) as accelerator:
         _, val_loader, test_loader = make_loaders(splits, job, accelerator)
         model, loader = accelerator.prepare(model, val_loader if split == "val" else test_loader)
-        context = RunContext(job, accelerator, model, None, None, None, loader, run.output_dir or run.folder)
-        context.task = task
+        context = Run(RunParts(job, accelerator, model, task, run.output_dir or run.folder, val_loader=loader))
         return evaluate(context, loader, split)
 
 

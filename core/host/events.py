@@ -1,0 +1,284 @@
+"""The events of a run, in the order the loop sends them, and the one dispatcher they all go through.
+
+Every event reaches, in this order: the callbacks on by default (``best_weights``, ``throughput``,
+``peak_memory``), the job's ``[callbacks.NAME]`` in the job file's order (a callback that declares
+``after`` comes after the callbacks it names), then the plugins' global event hooks (pluggy's order:
+the plugin registered last first). One error policy covers them all: an exception stops the run with
+one line naming the callback or plugin, the event and the step (:class:`runjob.errors.TrainingError`,
+exit code 2, the MLflow run FAILED; the traceback goes to ``OUTPUT_DIR/runjob.log``). Only at
+``RUN_END``, when the run's outcome is already decided, is a failure said in one line and the
+outcome kept.
+
+What a callback logs with ``run.log`` during an event is recorded when the event's listeners are
+done, at the event's step; at ``LOG`` it joins the line being logged instead (the ``metrics`` that
+later listeners and ``runjob_after_log`` see, and ``metrics.jsonl``).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from runjob.errors import Terminated, TrainingError, describe
+
+if TYPE_CHECKING:
+    from runjob.host.callback import Callback
+
+
+class Event(enum.Enum):
+    """A point in a run that callbacks and global hooks hear about; the value is the
+    :class:`runjob.Callback` method called for it."""
+
+    RUN_START = "on_run_start"
+    EPOCH_START = "on_epoch_start"
+    BATCH = "on_batch"
+    STEP = "on_step"
+    LOG = "on_log"
+    EVALUATION_START = "on_evaluation_start"
+    EVALUATION = "on_evaluation"
+    EVALUATION_END = "on_evaluation_end"
+    EPOCH_END = "on_epoch_end"
+    TRAIN_END = "on_train_end"
+    RUN_END = "on_run_end"
+
+    @property
+    def method(self) -> str:
+        """The :class:`runjob.Callback` method for this event."""
+        return str(self.value)
+
+    @property
+    def arguments(self) -> tuple[str, ...]:
+        """What the event's listeners receive after ``run``, by name (callbacks positionally)."""
+        return ARGUMENTS[self]
+
+    @property
+    def hook(self) -> str | None:
+        """The global pluggy hook called for this event, if there is one."""
+        found = HOOKS.get(self)
+        return found[0] if found else None
+
+
+ARGUMENTS: dict[Event, tuple[str, ...]] = {
+    Event.RUN_START: (),
+    Event.EPOCH_START: ("step", "epoch"),
+    Event.BATCH: ("step", "epoch", "batch"),
+    Event.STEP: ("step", "epoch", "loss"),
+    Event.LOG: ("step", "epoch", "metrics"),
+    Event.EVALUATION_START: ("step", "epoch"),
+    Event.EVALUATION: ("step", "epoch", "metrics"),
+    Event.EVALUATION_END: ("step", "epoch"),
+    Event.EPOCH_END: ("step", "epoch"),
+    Event.TRAIN_END: ("step", "epoch"),
+    Event.RUN_END: ("status", "error"),
+}
+
+HOOKS: dict[Event, tuple[str, bool]] = {
+    Event.RUN_START: ("runjob_run_start", False),
+    Event.STEP: ("runjob_after_step", False),
+    Event.LOG: ("runjob_after_log", True),
+    Event.EVALUATION: ("runjob_after_evaluation", False),
+    Event.RUN_END: ("runjob_run_end", False),
+}
+"""The global event hooks: (hook name, called on the main process only)."""
+
+EVENT_MAP = """\
+RUN_START                  built; after a resume, callbacks' state loaded    runjob_run_start
+  each epoch:
+  EPOCH_START
+    each micro-batch:
+    BATCH                  the batch on the device, before the model
+    STEP                   after each optimizer step                          runjob_after_step
+    LOG                    every train.log_every steps and at an epoch's end  runjob_after_log (main process)
+    every train.eval_every steps, and at an epoch's end:
+    EVALUATION_START       before the validation split is evaluated
+    EVALUATION             its metrics                                        runjob_after_evaluation
+    EVALUATION_END         best_weights saves best/ here
+  EPOCH_END                then the epoch's checkpoint
+TRAIN_END                  then the test split and the final model.safetensors
+RUN_END                    FINISHED, FAILED or KILLED                         runjob_run_end
+"""
+"""The loop's order, written once (the README shows it; a test checks both against :class:`Event`).
+A stop (a callback's ``request_stop``, a signal) is honoured after a step's LOG or an evaluation;
+a run that stops early still sends EVALUATION (unless it just evaluated), TRAIN_END and RUN_END."""
+
+
+def order_callbacks(callbacks: Mapping[str, Callback]) -> list[str]:
+    """The callbacks' names in the order they are called: as given, except that one whose class
+    declares ``after`` comes after each callback named there that is switched on (a stable
+    topological order). A cycle is the plugins' mistake, said in one line."""
+    names = list(callbacks)
+    waits = {name: [other for other in getattr(callbacks[name], "after", ()) if other in callbacks] for name in names}
+    ordered: list[str] = []
+    while len(ordered) < len(names):
+        ready = next((name for name in names if name not in ordered and all(o in ordered for o in waits[name])), None)
+        if ready is None:
+            stuck = [name for name in names if name not in ordered]
+            raise TrainingError(f"callbacks {', '.join(stuck)} each declare `after` another of them: no order fits")
+        ordered.append(ready)
+    return ordered
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One callable that hears an event: ``who`` names it in error messages."""
+
+    who: str
+    call: Callable[..., Any]
+    by_name: bool = False
+    """A global hook: called with ``run`` and the event's values by name (a callback: positionally)."""
+
+
+class Journal:
+    """Where ``run.log`` goes: straight to ``record`` outside an event; during one, held until its
+    listeners are done (then recorded at ``step()``); during ``LOG``, into the line being logged."""
+
+    def __init__(self, record: Callable[[dict[str, float], int], None] | None, step: Callable[[], int]) -> None:
+        self.record = record
+        self.step = step
+        self.logged: dict[str, float] = {}
+        self.pending: dict[str, float] = {}
+        self.depth = 0
+        self.joining: dict[str, float] | None = None
+
+    def log(self, values: dict[str, float]) -> None:
+        self.logged.update(values)
+        if self.joining is not None:
+            self.joining.update(values)
+        elif self.depth:
+            self.pending.update(values)
+        elif self.record is not None:
+            self.record(values, self.step())
+
+    @contextmanager
+    def within(self, joining: dict[str, float] | None = None) -> Iterator[None]:
+        outer = self.joining
+        self.depth += 1
+        self.joining = joining if joining is not None else outer
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            self.joining = outer
+        if not self.depth and self.pending:
+            pending, self.pending = self.pending, {}
+            if self.record is not None:
+                self.record(pending, self.step())
+
+
+class Dispatcher:
+    """Sends each :class:`Event` to the callbacks (ordered by :func:`order_callbacks`) and then to
+    the global hooks in ``hooks`` (pluggy's hook relay), under one error policy (module docstring).
+    ``plugins`` names the plugin of each callback; ``main_process``: whether hooks marked main-only
+    are called here. An event no listener overrides costs a dict lookup."""
+
+    def __init__(
+        self,
+        run: Any,
+        callbacks: Mapping[str, Callback],
+        *,
+        hooks: Any = None,
+        plugins: Mapping[str, str] | None = None,
+        main_process: bool = True,
+        journal: Journal | None = None,
+        step: Callable[[], int] | None = None,
+    ) -> None:
+        self.run = run
+        self.callbacks = {name: callbacks[name] for name in order_callbacks(callbacks)}
+        self.hooks = hooks
+        self.plugins = dict(plugins or {})
+        self.main_process = main_process
+        self.journal = journal
+        self.step = step or (lambda: int(getattr(run, "step", 0)))
+        self._listeners: dict[Event, list[Listener]] = {}
+
+    def listeners(self, event: Event) -> list[Listener]:
+        """Who hears ``event``, in order: the callbacks that override its method, then the hooks."""
+        found = self._listeners.get(event)
+        if found is None:
+            from runjob.host.callback import Callback
+
+            base = getattr(Callback, event.method)
+            found = [
+                Listener(self._callback_name(name), getattr(item, event.method))
+                for name, item in self.callbacks.items()
+                if getattr(type(item), event.method) is not base
+            ]
+            found += self._hook_listeners(event)
+            self._listeners[event] = found
+        return found
+
+    def _callback_name(self, name: str) -> str:
+        plugin = self.plugins.get(name)
+        return f"callback {name!r}" + (f" (plugin {plugin!r})" if plugin and plugin != name else "")
+
+    def _hook_listeners(self, event: Event) -> list[Listener]:
+        if event not in HOOKS or self.hooks is None:
+            return []
+        hook_name, main_only = HOOKS[event]
+        if main_only and not self.main_process:
+            return []
+        caller = getattr(self.hooks, hook_name)
+        implementations = caller.get_hookimpls()
+        if any(getattr(impl, "hookwrapper", False) or getattr(impl, "wrapper", False) for impl in implementations):
+            # a wrapper needs pluggy's own call; the plugins are then named together
+            return [Listener(f"a plugin's {hook_name} hook", caller, by_name=True)]
+        return [  # pluggy calls the implementation registered last first, with the arguments it names
+            Listener(f"plugin {impl.plugin_name!r} in its {hook_name} hook", _by_name(impl), by_name=True)
+            for impl in reversed(implementations)
+        ]
+
+    def send(self, event: Event, *values: Any) -> None:
+        """Call every listener of ``event`` with ``run`` and ``values`` (``event.arguments``)."""
+        listeners = self.listeners(event)
+        if not listeners:
+            return
+        joining = values[2] if event is Event.LOG else None
+        journal = self.journal
+        if journal is None:
+            self._call_all(event, listeners, values)
+            return
+        with journal.within(joining):
+            self._call_all(event, listeners, values)
+
+    def _call_all(self, event: Event, listeners: Sequence[Listener], values: tuple[Any, ...]) -> None:
+        for listener in listeners:
+            try:
+                self._call(event, listener, values)
+            except (Terminated, KeyboardInterrupt, TrainingError):
+                raise
+            except Exception as error:  # noqa: BLE001 - one line naming who failed; the traceback to the log
+                raise TrainingError(
+                    f"{listener.who} failed in {event.method} at step {self.step()}: {describe(error)}"
+                ) from error
+
+    def _call(self, event: Event, listener: Listener, values: tuple[Any, ...]) -> None:
+        if listener.by_name:
+            listener.call(run=self.run, **dict(zip(event.arguments, values, strict=True)))
+        else:
+            listener.call(self.run, *values)
+
+    def end(self, status: str, error: BaseException | None) -> list[str]:
+        """``RUN_END`` to every listener, each whatever the others do; returns one line for each
+        that failed (the run's outcome is already decided and stands)."""
+        failures = []
+        for listener in self.listeners(Event.RUN_END):
+            try:
+                self._call(Event.RUN_END, listener, (status, error))
+            except Exception as failure:  # noqa: BLE001 - said in one line; the outcome stands
+                failures.append(f"{listener.who} failed in on_run_end: {describe(failure)}")
+        return failures
+
+
+def _by_name(implementation: Any) -> Callable[..., None]:
+    """A hook implementation called with only the arguments it names, as pluggy calls it."""
+    function, names = implementation.function, tuple(implementation.argnames)
+
+    def call(**given: Any) -> None:
+        function(*(given[name] for name in names))
+
+    return call
