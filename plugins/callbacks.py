@@ -90,9 +90,10 @@ class ExponentialMovingAverage(Callback):
       no host-device sync (``torch._foreach_lerp_``). Only floating-point parameters are averaged;
       buffers (BatchNorm's running statistics) are the model's own, as they are at that moment.
     - An evaluation swaps the averaged values into the model (the training weights are copied
-      aside) at ``on_evaluation_start`` and puts them back at ``on_evaluation_end``, after the host
-      saved ``best/``: so ``best/`` holds the averaged weights that were evaluated, while the
-      checkpoint written after an evaluation holds the training weights, as a checkpoint should.
+      aside) at ``on_evaluation_start`` and puts them back at ``on_evaluation_end``, after
+      ``best_weights`` saved ``best/`` (declared: ``after``): so ``best/`` holds the averaged
+      weights that were evaluated, while the checkpoint written after an evaluation holds the
+      training weights, as a checkpoint should.
     - ``on_train_end`` puts the average into the model for good.
     - ``state_dict`` holds the average (CPU copies) and the number of steps averaged, so a resumed
       run continues the same average, bit for bit.
@@ -100,6 +101,8 @@ class ExponentialMovingAverage(Callback):
       strategies (``fsdp``, ``deepspeed``) are refused at the start: each process holds only a shard
       of the parameters, which this average cannot follow.
     """
+
+    after = ("best_weights",)  # best_weights saves the averaged weights before ema puts the training ones back
 
     def __init__(self, options: EmaOptions) -> None:
         self.decay = options.decay

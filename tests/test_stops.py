@@ -31,7 +31,7 @@ PAUSER_PLUGIN = """
             # the copy a wrapper passes on arrives
             pathlib.Path("ready").touch()
             deadline = time.monotonic() + 120
-            while not run.stop_request.signum and time.monotonic() < deadline:
+            while not run.stopping and time.monotonic() < deadline:
                 time.sleep(0.02)
             time.sleep(float(os.environ.get("PAUSE_AFTER", "1")))
         if str(step) == os.environ.get("SIGNAL_AT_STEP"):

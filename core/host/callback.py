@@ -7,9 +7,12 @@ goes into every checkpoint (``state_dict`` / ``load_state_dict``). Nothing here 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runjob.host.components import Options
+
+if TYPE_CHECKING:
+    from runjob.host.run_context import Run
 
 Direction = Literal["max", "min"]
 
@@ -45,54 +48,62 @@ class Callback:
     """Base class of what a callback factory returns. Every event is optional; each is called on
     every process: first for the callbacks on by default (registered with ``on_by_default=True``:
     runjob's ``best_weights``, ``throughput``, ``peak_memory``), then in the order the job lists its
-    ``[callbacks.NAME]`` tables. Keep them cheap: most run in the loop. An event a callback does not
-    override costs nothing.
+    ``[callbacks.NAME]`` tables, a callback that declares :attr:`after` after those it names; then
+    the plugins' global hooks (:mod:`runjob.host.events` has the map). Keep them cheap: most run in
+    the loop. An event a callback does not override costs nothing.
 
-    ``run`` is the :class:`runjob.RunContext`: ``run.log(metrics)`` records metrics at the current
-    step (on the main process; other processes' calls are ignored) and ``run.request_stop(reason)``
-    ends training at the next point where all processes agree anyway (a log step, the end of an
-    evaluation), after which the run evaluates, saves and uploads its final and best model and ends
-    FINISHED with the reason as the tag ``runjob.stopped``.
+    ``run`` is the :class:`runjob.Run`: what it reads is read-only (``run.job``, ``run.model``,
+    ``run.step``...); ``run.log(metrics)`` records metrics at the current step (on the main process;
+    other processes' calls are ignored) and ``run.request_stop(reason)`` ends training at the next
+    point where all processes agree anyway (a log step, the end of an evaluation), after which the
+    run evaluates, saves and uploads its final and best model and ends FINISHED with the reason as
+    the tag ``runjob.stopped``. An exception raised in an event stops the run with one line naming
+    the callback, the event and the step (exit code 2, the MLflow run FAILED).
     """
 
-    def on_run_start(self, run: Any) -> None:
+    after: ClassVar[tuple[str, ...]] = ()
+    """Callbacks (by their job name) whose events must reach them before this one, when they are
+    on: e.g. ``ema`` comes after ``best_weights``, which saves the averaged weights ema swapped in
+    before ema puts the training weights back."""
+
+    def on_run_start(self, run: Run) -> None:
         """Training is about to begin (the model, optimizer and loaders are prepared; after a resume,
         :meth:`load_state_dict` has already run)."""
 
-    def on_epoch_start(self, run: Any, step: int, epoch: int) -> None:
+    def on_epoch_start(self, run: Run, step: int, epoch: int) -> None:
         """A training epoch begins (``epoch`` is 0-based; after a resume, possibly part-way through)."""
 
-    def on_batch(self, run: Any, step: int, epoch: int, batch: Any) -> None:
+    def on_batch(self, run: Run, step: int, epoch: int, batch: Any) -> None:
         """Before each training micro-batch goes through the model: ``batch`` is on the device, as
         the task receives it; ``step`` is the optimizer steps done so far."""
 
-    def on_step(self, run: Any, step: int, epoch: int, loss: Any) -> None:
+    def on_step(self, run: Run, step: int, epoch: int, loss: Any) -> None:
         """After each optimizer step; ``loss`` is this process's detached loss (``.item()`` syncs)."""
 
-    def on_log(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+    def on_log(self, run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
         """Each time training metrics are logged (every ``train.log_every`` steps and at the end of
         an epoch). ``metrics`` holds what is being logged at this step: runjob's own (``train/loss``,
         ``lr``) and what the callbacks before this one added with ``run.log`` (``throughput`` and
         ``peak_memory`` come first). What a callback logs here is recorded with them, in one call."""
 
-    def on_evaluation_start(self, run: Any, step: int, epoch: int) -> None:
+    def on_evaluation_start(self, run: Run, step: int, epoch: int) -> None:
         """Before an evaluation (e.g. swap in averaged weights)."""
 
-    def on_evaluation(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+    def on_evaluation(self, run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
         """After an evaluation over the validation set; ``metrics`` are the same on every process."""
 
-    def on_evaluation_end(self, run: Any, step: int, epoch: int) -> None:
+    def on_evaluation_end(self, run: Run, step: int, epoch: int) -> None:
         """After every callback's ``on_evaluation`` and the global ``runjob_after_evaluation`` hooks;
         ``best_weights`` saves ``best/`` here, first, from the model as evaluated, so a callback that
         swapped weights in at ``on_evaluation_start`` puts them back here."""
 
-    def on_epoch_end(self, run: Any, step: int, epoch: int) -> None:
+    def on_epoch_end(self, run: Run, step: int, epoch: int) -> None:
         """An epoch is over and evaluated, before its checkpoint is written."""
 
-    def on_train_end(self, run: Any, step: int, epoch: int) -> None:
+    def on_train_end(self, run: Run, step: int, epoch: int) -> None:
         """Training is over and the final weights are about to be evaluated on the test split and saved."""
 
-    def on_run_end(self, run: Any, status: str, error: BaseException | None) -> None:
+    def on_run_end(self, run: Run, status: str, error: BaseException | None) -> None:
         """The run ends: ``status`` is FINISHED, FAILED or KILLED."""
 
     def state_dict(self) -> dict[str, Any]:

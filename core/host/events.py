@@ -129,6 +129,8 @@ class Listener:
 
     who: str
     call: Callable[..., Any]
+    where: str = ""
+    """The method or hook it is (the event's callback method when empty)."""
     by_name: bool = False
     """A global hook: called with ``run`` and the event's values by name (a callback: positionally)."""
 
@@ -226,9 +228,9 @@ class Dispatcher:
         implementations = caller.get_hookimpls()
         if any(getattr(impl, "hookwrapper", False) or getattr(impl, "wrapper", False) for impl in implementations):
             # a wrapper needs pluggy's own call; the plugins are then named together
-            return [Listener(f"a plugin's {hook_name} hook", caller, by_name=True)]
+            return [Listener("a plugin", caller, hook_name, by_name=True)]
         return [  # pluggy calls the implementation registered last first, with the arguments it names
-            Listener(f"plugin {impl.plugin_name!r} in its {hook_name} hook", _by_name(impl), by_name=True)
+            Listener(f"plugin {impl.plugin_name!r}", _by_name(impl), hook_name, by_name=True)
             for impl in reversed(implementations)
         ]
 
@@ -252,8 +254,9 @@ class Dispatcher:
             except (Terminated, KeyboardInterrupt, TrainingError):
                 raise
             except Exception as error:  # noqa: BLE001 - one line naming who failed; the traceback to the log
+                where = listener.where or event.method
                 raise TrainingError(
-                    f"{listener.who} failed in {event.method} at step {self.step()}: {describe(error)}"
+                    f"{listener.who} failed in {where} at step {self.step()}: {describe(error)}"
                 ) from error
 
     def _call(self, event: Event, listener: Listener, values: tuple[Any, ...]) -> None:
@@ -270,7 +273,7 @@ class Dispatcher:
             try:
                 self._call(Event.RUN_END, listener, (status, error))
             except Exception as failure:  # noqa: BLE001 - said in one line; the outcome stands
-                failures.append(f"{listener.who} failed in on_run_end: {describe(failure)}")
+                failures.append(f"{listener.who} failed in {listener.where or 'on_run_end'}: {describe(failure)}")
         return failures
 
 

@@ -12,8 +12,13 @@ Two families of hooks exist:
   provides. They must not import heavy libraries (torch and what builds on it): do that inside factories,
   so ``runjob --help`` and ``runjob validate`` stay fast.
 * **Training event hooks** (``runjob_run_start`` ... ``runjob_run_end``) are called during a run,
-  on every process, so a plugin can observe or extend training. Use ``run.accelerator
-  .is_main_process`` to act once per job. They are called in the training loop: keep them cheap.
+  on every process (``runjob_after_log`` on the main one), so a plugin can observe or extend
+  training. Use ``run.is_main_process`` to act once per job. They are called in the training loop:
+  keep them cheap. Each is the global side of one :class:`runjob.Event` and goes through the same
+  dispatcher as the callbacks, after them (:mod:`runjob.host.events` has the map): an exception
+  stops the run with one line naming the plugin, the hook and the step (exit code 2, the MLflow run
+  FAILED, the traceback in ``OUTPUT_DIR/runjob.log``); in ``runjob_run_end`` it is said in one line
+  and the run's status stands.
 
 The ``register`` callback is described by :class:`runjob.Register` (annotate a registration hook's
 parameter with it and a type checker checks every call): ``register(name, factory, *, options=None,
@@ -33,7 +38,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from runjob.host.components import Options
-    from runjob.host.run_context import RunContext
+    from runjob.host.run_context import Run
 
 hookspec = pluggy.HookspecMarker("runjob")
 hookimpl = pluggy.HookimplMarker("runjob")
@@ -246,10 +251,10 @@ def runjob_register_callbacks(register: Register) -> None:
 
 
 @hookspec
-def runjob_run_start(run: RunContext) -> None:
+def runjob_run_start(run: Run) -> None:
     """Called once per process when training is about to begin.
 
-    ``run`` is the :class:`runjob.RunContext`: the resolved job, the Accelerator, the prepared
+    ``run`` is the :class:`runjob.Run`: the resolved job, the Accelerator, the prepared
     model, optimizer, scheduler and data loaders, the output directory and the MLflow run id
     (``None`` outside the main process). The model, optimizer and loaders are ready; no step has
     been taken.
@@ -258,10 +263,10 @@ def runjob_run_start(run: RunContext) -> None:
 
 # torch is named, not imported: import-linter keeps runjob.host free of it, TYPE_CHECKING imports too
 @hookspec
-def runjob_after_step(run: RunContext, step: int, epoch: int, loss: torch.Tensor) -> None:  # noqa: F821
+def runjob_after_step(run: Run, step: int, epoch: int, loss: torch.Tensor) -> None:  # noqa: F821
     """Called on every process after each optimizer step.
 
-    ``run`` is the :class:`runjob.RunContext`; ``step`` is the global optimizer step just finished
+    ``run`` is the :class:`runjob.Run`; ``step`` is the global optimizer step just finished
     (1-based), ``epoch`` the 0-based epoch, ``loss`` the step's training loss on this process as a
     detached 0-dim tensor (the last micro-batch's when accumulating). Calling ``loss.item()`` waits
     for the device: do it only every few steps, as the host does for ``train.log_every``.
@@ -269,11 +274,11 @@ def runjob_after_step(run: RunContext, step: int, epoch: int, loss: torch.Tensor
 
 
 @hookspec
-def runjob_after_log(run: RunContext, step: int, metrics: dict[str, float]) -> None:
+def runjob_after_log(run: Run, step: int, metrics: dict[str, float]) -> None:
     """Called on the main process each time training metrics are logged (every ``train.log_every``
     optimizer steps).
 
-    ``run`` is the :class:`runjob.RunContext`, ``step`` the global optimizer step; ``metrics`` maps
+    ``run`` is the :class:`runjob.Run`, ``step`` the global optimizer step; ``metrics`` maps
     metric names (``train/loss``, ``lr``, and what the callbacks logged in ``on_log``: with the
     callbacks on by default ``train/<unit>_per_s`` with the task's unit, e.g.
     ``train/samples_per_s``, ``train/tflops`` and peak memory) to floats, exactly as sent to MLflow
@@ -282,11 +287,11 @@ def runjob_after_log(run: RunContext, step: int, metrics: dict[str, float]) -> N
 
 
 @hookspec
-def runjob_after_evaluation(run: RunContext, step: int, epoch: int, metrics: dict[str, float]) -> None:
+def runjob_after_evaluation(run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
     """Called on every process after each evaluation over the whole validation set (at the end of
     every epoch, and every ``train.eval_every`` optimizer steps when that is set).
 
-    ``run`` is the :class:`runjob.RunContext`; ``step`` is the global optimizer step, ``epoch``
+    ``run`` is the :class:`runjob.Run`; ``step`` is the global optimizer step, ``epoch``
     the 0-based epoch being trained, and ``metrics`` maps the task's declared metrics, prefixed
     ``val/``, to floats, identical on every process. (The specification
     used to read ``(run, epoch, step, metrics)``; hooks get their arguments by name, so an
@@ -295,10 +300,10 @@ def runjob_after_evaluation(run: RunContext, step: int, epoch: int, metrics: dic
 
 
 @hookspec
-def runjob_run_end(run: RunContext, status: str, error: BaseException | None) -> None:
+def runjob_run_end(run: Run, status: str, error: BaseException | None) -> None:
     """Called once per process when the run ends, whether it finished or failed.
 
-    ``run`` is the :class:`runjob.RunContext`; ``status`` is ``"FINISHED"``, ``"FAILED"`` or
+    ``run`` is the :class:`runjob.Run`; ``status`` is ``"FINISHED"``, ``"FAILED"`` or
     ``"KILLED"`` (interrupted); ``error`` is the exception that ended it, or ``None``. Called before
     the MLflow run is closed. An exception raised here is reported but does not change the run's
     status.
