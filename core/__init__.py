@@ -2,16 +2,52 @@
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
 ``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``Inputs``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
-``TaskOptions``, ``Generating``, ``Callback``, ``CallbackOptions``, ``RunContext``, ``Register``, the FLOP
-counting helpers (``meta_model``, ``training_flops_per_unit``, ``peak_flops``) and the error
-types; ``run`` trains a job file from Python, as ``runjob run`` does. Nothing here imports torch,
-accelerate or mlflow.
+``TaskOptions``, ``Generating``, ``Callback``, ``CallbackOptions``, ``Run`` (with its halves
+``RunState`` and ``RunActions``; ``RunContext`` is its deprecated old name), ``Event``, ``Job``,
+``RunFolder``, ``Register``, the FLOP counting helpers (``meta_model``, ``training_flops_per_unit``,
+``peak_flops``) and the error types; ``run`` trains a job file from Python, as ``runjob run``
+does. Nothing here imports torch, accelerate or mlflow.
 """
 
 from importlib import import_module
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runjob.host.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    # What type checkers see: every name of _LAZY below, imported for real (`X as X`: re-exported).
+    # At run time the names load lazily through __getattr__; tests/test_typing.py keeps the two lists
+    # the same.
+    from runjob.errors import DataError as DataError
+    from runjob.errors import RunjobError as RunjobError
+    from runjob.errors import TrainingError as TrainingError
+    from runjob.host.callback import Callback as Callback
+    from runjob.host.callback import CallbackOptions as CallbackOptions
+    from runjob.host.components import AbsolutePath as AbsolutePath
+    from runjob.host.components import DatasetSplits as DatasetSplits
+    from runjob.host.components import ExistingDir as ExistingDir
+    from runjob.host.components import ExistingFile as ExistingFile
+    from runjob.host.components import ImageTensors as ImageTensors
+    from runjob.host.components import Inputs as Inputs
+    from runjob.host.components import Options as Options
+    from runjob.host.components import StrategyPlan as StrategyPlan
+    from runjob.host.components import require_module as require_module
+    from runjob.host.events import Event as Event
+    from runjob.host.hookspecs import Register as Register
+    from runjob.host.run_context import Run as Run
+    from runjob.host.run_context import RunActions as RunActions
+    from runjob.host.run_context import RunContext as RunContext
+    from runjob.host.run_context import RunState as RunState
+    from runjob.host.run_folder import RunFolder as RunFolder
+    from runjob.host.task import Generating as Generating
+    from runjob.host.task import Task as Task
+    from runjob.host.task import TaskOptions as TaskOptions
+    from runjob.job.validation import Job as Job
+    from runjob.train.entry import RunOutcome as RunOutcome
+    from runjob.train.entry import run as run
+    from runjob.train.flops import meta_model as meta_model
+    from runjob.train.flops import peak_flops as peak_flops
+    from runjob.train.flops import training_flops_per_unit as training_flops_per_unit
 
 __version__ = "0.1.0"
 
@@ -35,6 +71,7 @@ _LAZY = {
     "RunActions": "runjob.host.run_context",
     "RunContext": "runjob.host.run_context",
     "Event": "runjob.host.events",
+    "RunFolder": "runjob.host.run_folder",
     "Job": "runjob.job.validation",
     "Register": "runjob.host.hookspecs",
     "meta_model": "runjob.train.flops",
@@ -50,8 +87,10 @@ _LAZY = {
 __all__ = ["hookimpl", "__version__", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    # pydantic costs ~0.2 s to import; `runjob --help` should not pay for it
-    if name in _LAZY:
-        return getattr(import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'runjob' has no attribute {name!r}")
+if not TYPE_CHECKING:  # type checkers see the imports above, and no name outside them
+
+    def __getattr__(name: str) -> Any:
+        # pydantic costs ~0.2 s to import; `runjob --help` should not pay for it
+        if name in _LAZY:
+            return getattr(import_module(_LAZY[name]), name)
+        raise AttributeError(f"module 'runjob' has no attribute {name!r}")

@@ -63,12 +63,13 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from runjob import hookimpl
 from runjob.host.run_context import Clock, Run
+from runjob.host.run_folder import METRICS_FILE, WEIGHTS_FILE, RunFolder
 
 __all__ = [
     "CliResult",
@@ -106,7 +107,7 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (for a server or a rendezvous)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def write_job(path: str | Path, text: str) -> Path:
@@ -237,7 +238,7 @@ def run_process_group(
     return CliResult(proc.returncode, stdout, stderr)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: subprocess.Popen[Any]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -324,7 +325,7 @@ class MlflowRun:
         self.run = run
 
     @classmethod
-    def get(cls, tracking_uri: str, run_id: str) -> MlflowRun:
+    def get(cls, tracking_uri: str | None, run_id: str) -> MlflowRun:
         """The run ``run_id`` of the store at ``tracking_uri``."""
         from mlflow import MlflowClient
 
@@ -337,20 +338,20 @@ class MlflowRun:
 
     @property
     def run_id(self) -> str:
-        return self.run.info.run_id
+        return str(self.run.info.run_id)
 
     @property
     def status(self) -> str:
         """FINISHED, FAILED, KILLED or RUNNING."""
-        return self.run.info.status
+        return str(self.run.info.status)
 
     @property
     def run_name(self) -> str:
-        return self.run.info.run_name
+        return str(self.run.info.run_name)
 
     @property
     def experiment_id(self) -> str:
-        return self.run.info.experiment_id
+        return str(self.run.info.experiment_id)
 
     @property
     def params(self) -> dict[str, str]:
@@ -410,7 +411,7 @@ class RecordedRun:
     def __init__(self, output_dir: str | Path, exit_code: int | None = None) -> None:
         self.output_dir = Path(output_dir)
         self.exit_code = exit_code
-        path = self.output_dir / "mlflow_run.json"
+        path = RunFolder(self.output_dir).run_record_file
         self.record: dict[str, Any] = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
     @property
@@ -429,11 +430,12 @@ class RecordedRun:
     @functools.cached_property
     def mlflow(self) -> MlflowRun | None:
         """The run read back from MLflow (``None`` when the local record names no MLflow run)."""
-        if not self.run_id:
+        run_id = self.run_id
+        if not run_id:
             return None
-        return MlflowRun.get(self.tracking_uri, self.run_id)
+        return MlflowRun.get(self.tracking_uri, run_id)
 
-    def points(self, key: str | None = None, pattern: str = "metrics.jsonl") -> list[dict[str, Any]]:
+    def points(self, key: str | None = None, pattern: str = METRICS_FILE) -> list[dict[str, Any]]:
         """The metric points of the local record (``{"key", "value", "step", "timestamp"}``, in file
         order), of metric ``key`` only when given. ``pattern``: which files (``"metrics*.jsonl"``
         for other machines' too)."""
@@ -639,7 +641,7 @@ class OneProcessAccelerator:
         if not safe_serialization:
             raise NotFaked("FakeRun's accelerator writes safetensors only (safe_serialization=True)")
         Path(save_directory).mkdir(parents=True, exist_ok=True)
-        save_model(model, str(Path(save_directory) / "model.safetensors"))  # shared (tied) weights stored once
+        save_model(model, str(Path(save_directory) / WEIGHTS_FILE))  # shared (tied) weights stored once
 
     def __getattr__(self, name: str) -> Any:
         raise NotFaked(
@@ -728,9 +730,17 @@ class FakeRun(Run):
         else:
             super().__setattr__(name, value)
 
+    if TYPE_CHECKING:  # settable here (see __setattr__), unlike on a real Run
+        step: int
+        epoch: int
+
     @property
     def callbacks(self) -> Mapping[str, Any]:
-        return self._parts.callbacks  # type: ignore[no-any-return]
+        return self._parts.callbacks
+
+    @callbacks.setter
+    def callbacks(self, value: Mapping[str, Any]) -> None:  # what __setattr__ does
+        setattr(self._parts, "callbacks", value)  # noqa: B010 - a frozen RunParts to the type checker
 
     def request_stop(self, reason: str) -> None:
         self.stop_requests.append((self.step, reason))
@@ -760,7 +770,7 @@ class _StoppedEarly(Exception):  # noqa: N818 - control flow in drive(), as in t
 def _per_step(value: Any, what: str, steps: int) -> Callable[[int], Any]:
     """A value a step from a constant, a sequence (item i for step i + 1) or a function of the step."""
     if callable(value):
-        return value
+        return value  # type: ignore[no-any-return]  # a function of the step, as documented
     if isinstance(value, Sequence) and not isinstance(value, str):
         if len(value) < steps:
             raise ValueError(f"drive(): {what} has {len(value)} items for {steps} steps: give one a step")
@@ -922,7 +932,7 @@ class RunjobTester:
         self._patch = pytest.MonkeyPatch()
         self._environ_before = set(os.environ)
         self._modules_before = set(sys.modules)
-        self._processes: list[subprocess.Popen] = []
+        self._processes: list[subprocess.Popen[Any]] = []
 
     # set-up and tear-down, by the fixture
 
@@ -1058,7 +1068,7 @@ class RunjobTester:
         command = [sys.executable, "-m", "runjob", *(str(a) for a in args)]
         return run_process_group(command, self.path, self.env(threads=threads, **(env or {})), timeout)
 
-    def popen(self, *args: str | Path, env: Mapping[str, str] | None = None, **options: Any) -> subprocess.Popen:
+    def popen(self, *args: str | Path, env: Mapping[str, str] | None = None, **options: Any) -> subprocess.Popen[Any]:
         """Start ``python -m runjob ARGS`` in :attr:`path` in a new process group without waiting
         (text pipes for stdout and stderr unless ``options`` say otherwise). Whatever of it still
         runs after the test is killed."""
@@ -1066,7 +1076,7 @@ class RunjobTester:
         proc = subprocess.Popen(
             [sys.executable, "-m", "runjob", *(str(a) for a in args)],
             cwd=self.path,
-            env=self.env(**(env or {})),
+            env={**self.env(), **(env or {})},
             start_new_session=True,
             **options,
         )

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
-from runjob import Callback, CallbackOptions, hookimpl
+from runjob import Callback, CallbackOptions, RunFolder, hookimpl
 
 
 class EarlyStoppingOptions(CallbackOptions):
@@ -267,16 +267,17 @@ class Profile(Callback):
     def _finish(self, run: Any, step: int) -> None:
         profiler, self.profiler = self.profiler, None
         profiler.stop()
-        folder = run.output_dir / "profile"
+        paths = RunFolder(run.output_dir)
+        folder = paths.profile_dir
         folder.mkdir(parents=True, exist_ok=True)
         on_device = run.accelerator.device.type == "cuda"
         averages = profiler.key_averages(group_by_input_shape=self.record_shapes)
         tables = [averages.table(sort_by="self_cpu_time_total", row_limit=30)]
         if on_device:
             tables.append(averages.table(sort_by="self_device_time_total", row_limit=30))
-        profiler.export_chrome_trace(str(folder / "trace.json"))
+        profiler.export_chrome_trace(str(paths.profile_trace))
         steps = f"{self.first}-{step}" if step > self.first else str(self.first)
-        (folder / "top_operators.txt").write_text(
+        paths.profile_operators.write_text(
             f"torch.profiler, optimizer steps {steps}\n\n" + "\n\n".join(tables) + "\n", encoding="utf-8"
         )
         clock = "self_device_time_total" if on_device else "self_cpu_time_total"

@@ -11,17 +11,30 @@ import json
 import time
 from typing import Any
 
-from runjob import Callback, CallbackOptions, hookimpl, meta_model, peak_flops, training_flops_per_unit
+from runjob import (
+    Callback,
+    CallbackOptions,
+    Run,
+    RunFolder,
+    hookimpl,
+    meta_model,
+    peak_flops,
+    training_flops_per_unit,
+)
+
+BEST_MODEL = "best"  # the model's name: its folder's, so init_from = "runs:/ID/best" names both
 
 
 class BestWeights(Callback):
     """``best_weights``: keeps ``OUTPUT_DIR/best/model.safetensors``, the weights at the evaluation
     with the best ``train.best_metric`` so far (higher or lower, as the task or the callback that
-    logs it declares), with ``best/best.json`` (metric, value, step) and the tags
-    ``runjob.best.metric``, ``runjob.best.value`` and ``runjob.best.step``; uploaded with the run
-    once training has ended and the final weights are saved. It saves at ``on_evaluation_end``,
-    before any other callback's (so from the weights as evaluated: an ``ema`` average), and sees
-    the metrics callbacks logged during the evaluation. A resumed run continues from the best recorded in the folder."""
+    logs it declares), names them the run's model ``best`` (``run.add_model``: listed at the end of
+    the run, uploaded with it, found by ``init_from = "runs:/ID/best"``), and sets the tags
+    ``runjob.best.metric``, ``runjob.best.value`` and ``runjob.best.step``. It saves at
+    ``on_evaluation_end``, before the callbacks that declare they come after it (``ema``: so from
+    the weights as evaluated, the average), and sees the metrics callbacks logged during the
+    evaluation. ``best/best.json`` (metric, value, step) lets a resumed run continue from the best
+    so far."""
 
     def __init__(self, options: CallbackOptions) -> None:
         self.metric = ""
@@ -29,63 +42,35 @@ class BestWeights(Callback):
         self.value: float | None = None
         self.step: int | None = None
         self.evaluated: dict[str, float] = {}
-        self.trained = False
 
-    def on_run_start(self, run: Any) -> None:
+    def on_run_start(self, run: Run) -> None:
         self.metric = run.job.train.best_metric
         self.higher_is_better = run.job.metrics[self.metric] == "max"
-        self.folder = run.output_dir / "best"
-        saved = self.folder / "best.json"
-        if saved.is_file():
-            state = json.loads(saved.read_text(encoding="utf-8"))
+        folder = RunFolder(run.output_dir)
+        self.folder, self.record = folder.best_dir, folder.best_file
+        if self.record.is_file():
+            state = json.loads(self.record.read_text(encoding="utf-8"))
             if state.get("metric") == self.metric:
                 self.value, self.step = state["value"], state["step"]
 
-    def on_evaluation(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+    def on_evaluation(self, run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
         self.evaluated = metrics
 
-    def on_evaluation_end(self, run: Any, step: int, epoch: int) -> None:
+    def on_evaluation_end(self, run: Run, step: int, epoch: int) -> None:
         value = self.evaluated.get(self.metric, run.logged.get(self.metric))
         if value is None or value != value:  # not reported, or NaN
             return
         if self.value is not None and (value <= self.value if self.higher_is_better else value >= self.value):
             return
-        run.save_model(self.folder)  # on every process: a sharded model is gathered
+        weights = run.save_model(self.folder)  # on every process: a sharded model is gathered
         self.value, self.step = value, step
-        if run.accelerator.is_main_process:
+        if run.is_main_process:
             state = {"metric": self.metric, "value": value, "step": step}
-            (self.folder / "best.json").write_text(json.dumps(state) + "\n", encoding="utf-8")
+            self.record.write_text(json.dumps(state) + "\n", encoding="utf-8")
+            run.add_model(BEST_MODEL, weights, f"{self.metric} {value:.4g} at step {step}")
             run.set_tags(
                 {"runjob.best.metric": self.metric, "runjob.best.value": f"{value:.6g}", "runjob.best.step": str(step)}
             )
-
-    def on_train_end(self, run: Any, step: int, epoch: int) -> None:
-        self.trained = True
-
-    def on_run_end(self, run: Any, status: str, error: BaseException | None) -> None:
-        """Upload ``best/`` once the final weights are saved (also when the run failed after
-        training ended). Where the best weights are the final ones, byte for byte, MLflow gets only
-        ``best/best.json``, which then says ``"weights": "model.safetensors"``: the run's final
-        weights artifact, stored once (``init_from = "runs:/ID/best"`` follows it)."""
-        if self.value is None or not self.trained or not run.accelerator.is_main_process:
-            return
-        weights, final = self.folder / "model.safetensors", run.output_dir / "model.safetensors"
-        record = self.folder / "best.json"
-        state = json.loads(record.read_text(encoding="utf-8"))
-        state.pop("weights", None)  # from an earlier end of this run, before it was resumed for more
-        if final.is_file() and _same_bytes(weights, final):
-            state["weights"] = "model.safetensors"
-        else:
-            run.log_artifact(weights, "best")
-        record.write_text(json.dumps(state) + "\n", encoding="utf-8")
-        run.log_artifact(record, "best")
-
-
-def _same_bytes(a: Any, b: Any) -> bool:
-    """Whether two files hold the same bytes (a hard link of one to the other, or equal contents)."""
-    import filecmp
-
-    return a.samefile(b) or filecmp.cmp(a, b, shallow=False)
 
 
 class ThroughputOptions(CallbackOptions):

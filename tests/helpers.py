@@ -68,9 +68,10 @@ files that are only checked, never trained)."""
 
 
 def uploaded_best(output_dir: Path) -> set[str]:
-    """What MLflow's ``best/`` of the run in ``output_dir`` holds: ``best.json``, and the best
-    weights unless ``best.json`` says they are the final ``model.safetensors`` (stored once)."""
+    """What MLflow's ``best/`` of the run in ``output_dir`` holds: the best weights, unless the
+    run's record of models (``models.json``) says they are the final ``model.safetensors`` (stored
+    once)."""
     import json
 
-    named = json.loads((Path(output_dir) / "best" / "best.json").read_text()).get("weights")
-    return {"best/best.json"} | (set() if named == "model.safetensors" else {"best/model.safetensors"})
+    named = json.loads((Path(output_dir) / "models.json").read_text())["best"]["artifact"]
+    return set() if named == "model.safetensors" else {"best/model.safetensors"}

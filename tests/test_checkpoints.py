@@ -80,7 +80,8 @@ def finished_run(folder: Path, steps: list[int], weights: bytes) -> Path:
         (checkpoint / "model.safetensors").write_bytes(weights if step == steps[-1] else b"older" * 1000)
         (checkpoint / "optimizer.bin").write_bytes(b"o" * 20_000)
     (folder / "best").mkdir()
-    (folder / "best" / "model.safetensors").write_bytes(weights)
+    (folder / "best" / "model.safetensors").write_bytes(weights)  # named by best_weights, as a run does:
+    (folder / "models.json").write_text('{"best": {"weights": "best/model.safetensors", "summary": ""}}')
     (folder / "model.safetensors").write_bytes(weights)
     return folder
 

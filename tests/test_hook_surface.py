@@ -18,7 +18,7 @@ SPECS = {name: f for name, f in vars(hookspecs).items() if name.startswith("runj
 # keeps them as written)
 ANNOTATIONS = {
     "register": "Register",
-    "run": "RunContext",
+    "run": "Run",
     "step": "int",
     "epoch": "int",
     "loss": "torch.Tensor",

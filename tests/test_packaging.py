@@ -42,6 +42,7 @@ def test_wheel_holds_the_package_plugins_and_entry_points(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "runjob/commands/cli.py" in names and "runjob/host/hookspecs.py" in names
     assert "runjob/testing.py" in names  # the public test kit ships with runjob
+    assert "runjob/py.typed" in names  # so a type checker reads the plugin API's types
     assert "runjob/plugins/torchvision_models.py" in names and "runjob/plugins/digits.py" in names
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -110,9 +110,12 @@ def test_init_from_an_mlflow_run_and_a_file_with_another_head(tester, capsys):
     assert from_run.mlflow.tags["runjob.init_from"] == f"runs:/{first.run_id}"
     assert from_run.mlflow.tags["runjob.init_from.run_id"] == first.run_id
 
-    # its one evaluation was the best: MLflow stores those weights once, best/best.json names them
-    assert first.mlflow.artifacts("best") == {"best/best.json"}
-    assert json.loads((first.output_dir / "best" / "best.json").read_text())["weights"] == "model.safetensors"
+    # its one evaluation was the best: MLflow stores those weights once, the record of models names them
+    assert first.mlflow.artifacts("best") == set()
+    best, tags = json.loads((first.output_dir / "models.json").read_text())["best"], first.mlflow.tags
+    assert (best["weights"], best["artifact"]) == ("best/model.safetensors", "model.safetensors")
+    assert best["summary"] == f"val/accuracy {float(tags['runjob.best.value']):.4g} at step {tags['runjob.best.step']}"
+    assert "models.json" in first.mlflow.artifacts()
     tester.write_job("from_best.toml", job_text("from_best", model=f'init_from = "runs:/{first.run_id}/best"'))
     capsys.readouterr()
     tester.run("from_best.toml", "tracking.offline=true", output_dir=tester.path / "from_best")

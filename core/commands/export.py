@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError, first_line
+from runjob.host.run_folder import RunFolder, exported_model_name
 
 ONNX_MODULES = ("onnx", "onnxruntime", "onnxscript")
 SAMPLES = 8  # validation samples the exported file is checked on
@@ -29,8 +30,9 @@ SAMPLES = 8  # validation samples the exported file is checked on
 def _output_path(args: argparse.Namespace, run: Any) -> Path:
     if args.output is not None:
         return args.output
-    name = f"model.{args.format}"
-    return run.output_dir / name if run.output_dir is not None else Path(name)
+    if run.output_dir is not None:
+        return RunFolder(run.output_dir).exported_model(args.format)
+    return Path(exported_model_name(args.format))
 
 
 def cmd_export(args: argparse.Namespace) -> int:

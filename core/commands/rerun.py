@@ -13,13 +13,13 @@ from typing import Any
 
 from runjob.commands.arguments import overrides_from
 from runjob.errors import RunjobError
+from runjob.host.run_folder import RunFolder
 from runjob.job.keys import flat
 from runjob.job.redaction import HIDDEN
 from runjob.record.store import download_job, get_run, open_store, reading
 from runjob.record.tracking import resolve_tracking_uri
 
 RERUN_TAG = "runjob.rerun_of"
-RERUN_SOURCE = "rerun_source.toml"  # the downloaded job.toml, kept in the new run's output folder
 
 
 def _is_hidden(value: Any) -> bool:
@@ -85,7 +85,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         # The copy lives in the new run's folder: the run's runjob.job_file tag and its workers point at it.
         output_dir = choose_output_dir(resolved.job.name, args.output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
-        job_file = output_dir / RERUN_SOURCE
+        job_file = RunFolder(output_dir).rerun_source_file  # the downloaded job.toml, kept in the new run's folder
         shutil.copyfile(downloaded, job_file)
     # the same text, so the same job: only where its values were written (for job_sources) changes
     resolved = replace(resolved, source=load_job(job_file, overrides))

@@ -8,6 +8,7 @@ from runjob.commands.arguments import overrides_from
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from runjob.host.plugin_host import disabled_plugins
     from runjob.train.entry import parse_tags, run
 
     outcome = run(
@@ -17,5 +18,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         tags=parse_tags(args.tags),
         tracking_uri=args.tracking_uri,
+        disabled_plugins=disabled_plugins(args.disable_plugins),
     )
     return outcome.exit_code

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runjob.host.components import Options
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the host never imports torch
+    import torch
+
     from runjob.host.run_context import Run
 
 Direction = Literal["max", "min"]
@@ -77,7 +79,7 @@ class Callback:
         """Before each training micro-batch goes through the model: ``batch`` is on the device, as
         the task receives it; ``step`` is the optimizer steps done so far."""
 
-    def on_step(self, run: Run, step: int, epoch: int, loss: Any) -> None:
+    def on_step(self, run: Run, step: int, epoch: int, loss: torch.Tensor) -> None:
         """After each optimizer step; ``loss`` is this process's detached loss (``.item()`` syncs)."""
 
     def on_log(self, run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:

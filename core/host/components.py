@@ -12,9 +12,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
+
+if TYPE_CHECKING:  # for annotations only: nothing here imports torch
+    import torch
 
 
 class Options(BaseModel):
@@ -223,8 +226,8 @@ class ImageTensors:
     job's seed and the batch, so runs repeat and a resumed run sees the same batches.
     """
 
-    images: Any
-    labels: Any
+    images: torch.Tensor
+    labels: torch.Tensor
     mean: Sequence[float]
     std: Sequence[float]
     crop_padding: int = 0

@@ -26,7 +26,7 @@ description="", **facts)``. Each kind's factory signature is given in its hook's
 
 The specifications are annotated, and every training event takes ``(run, step, epoch, ...)`` in
 that order (a hook may still name them in any order: arguments are passed by name). ``loss`` is
-annotated ``torch.Tensor`` without importing torch, which loading plugins never does.
+annotated ``torch.Tensor``, imported for type checkers only: loading plugins never imports torch.
 """
 
 from __future__ import annotations
@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pluggy
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch (import-linter ignores these)
+    import torch
+
     from runjob.host.components import Options
     from runjob.host.run_context import Run
 
@@ -261,9 +263,8 @@ def runjob_run_start(run: Run) -> None:
     """
 
 
-# torch is named, not imported: import-linter keeps runjob.host free of it, TYPE_CHECKING imports too
 @hookspec
-def runjob_after_step(run: Run, step: int, epoch: int, loss: torch.Tensor) -> None:  # noqa: F821
+def runjob_after_step(run: Run, step: int, epoch: int, loss: torch.Tensor) -> None:
     """Called on every process after each optimizer step.
 
     ``run`` is the :class:`runjob.Run`; ``step`` is the global optimizer step just finished

@@ -108,7 +108,7 @@ class PluginHost:
         """Names that several plugins, none or several of them built-in, register: a bare name is an error."""
 
     @property
-    def hook(self) -> Any:
+    def hook(self) -> pluggy.HookRelay:
         """Call training event hooks: ``host.hook.runjob_after_step(run=..., ...)``."""
         return self.manager.hook
 

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from runjob.host.events import Dispatcher, Journal
+from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the host never imports torch
+    import torch
+    from accelerate import Accelerator
+
     from runjob.host.callback import Callback
     from runjob.host.task import Task
     from runjob.job.validation import ResolvedJob
@@ -37,12 +41,12 @@ class RunState(Protocol):
         ...
 
     @property
-    def accelerator(self) -> Any:
+    def accelerator(self) -> Accelerator:
         """The ``accelerate.Accelerator`` (``device``, ``unwrap_model``, ``gather``...)."""
         ...
 
     @property
-    def model(self) -> Any:
+    def model(self) -> torch.nn.Module:
         """The prepared ``torch.nn.Module`` (wrapped for DDP/FSDP/DeepSpeed when the strategy does)."""
         ...
 
@@ -189,12 +193,12 @@ class Run:
         return self._parts.job
 
     @property
-    def accelerator(self) -> Any:
+    def accelerator(self) -> Accelerator:
         return self._parts.accelerator
 
     @property
-    def model(self) -> Any:
-        return self._parts.model
+    def model(self) -> torch.nn.Module:
+        return self._parts.model  # type: ignore[no-any-return]
 
     @property
     def optimizer(self) -> Any:
@@ -281,7 +285,7 @@ class Run:
         folder = Path(folder)
         self.accelerator.wait_for_everyone()
         save_weights(self.accelerator, self.model, folder)
-        return folder / "model.safetensors"
+        return folder / WEIGHTS_FILE
 
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
         """Record the file or folder ``path``, which must be inside :attr:`output_dir`, as an artifact
@@ -305,6 +309,73 @@ class Run:
         ``runjob.stopped``. A request from any process stops every process."""
         if not self._stop.reason:
             self._stop.reason = reason or "stopped by a callback"
+
+    def add_model(self, name: str, weights: str | Path, summary: str = "") -> None:
+        """Name a model of this run besides its final weights: ``weights``, a ``.safetensors`` file
+        inside :attr:`output_dir` (e.g. one :meth:`save_model` wrote), with a one-line ``summary``
+        of what makes it this model (``"val/accuracy 0.9972 at step 220"``). It goes into the run's
+        record of models, ``OUTPUT_DIR/models.json`` (:func:`named_models`): the end of the run
+        lists it (``runjob: models: final PATH; NAME (SUMMARY) PATH``), its weights are uploaded
+        with the run (stored once when they are the final weights' bytes) and ``model.init_from =
+        "runs:/RUN_ID/NAME"`` finds them. Naming it again replaces the entry. Main process only
+        (other processes' calls are ignored); call it after the weights are written."""
+        if not self.is_main_process:
+            return
+        path, root = Path(weights).resolve(), self.output_dir.resolve()
+        if not path.is_relative_to(root) or path.suffix != ".safetensors":
+            raise ValueError(
+                f"run.add_model({name!r}, {weights}): the weights must be a .safetensors file inside {root}"
+            )
+        models = {model.name: model for model in named_models(self.output_dir).values()}
+        models[name] = NamedModel(name, path.relative_to(root).as_posix(), summary)
+        write_named_models(self.output_dir, models.values())
+
+
+@dataclass(frozen=True)
+class NamedModel:
+    """One entry of a run's record of models (``OUTPUT_DIR/models.json``): ``{"NAME": {"weights":
+    "best/model.safetensors", "summary": "...", "artifact": "best/model.safetensors"}}``. ``weights``
+    is relative to the output folder; ``artifact`` is where MLflow holds them once uploaded
+    (``model.safetensors`` when they are the final weights' bytes, stored once; empty before)."""
+
+    name: str
+    weights: str
+    summary: str = ""
+    artifact: str = ""
+
+
+def named_models(output_dir: Path) -> dict[str, NamedModel]:
+    """The run's named models (:meth:`Run.add_model`), by name; none when it has no record of them."""
+    import json
+
+    try:
+        entries = json.loads(RunFolder(output_dir).models_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return {
+        name: NamedModel(name, str(entry["weights"]), str(entry.get("summary", "")), str(entry.get("artifact", "")))
+        for name, entry in entries.items()
+    }
+
+
+def write_named_models(output_dir: Path, models: Iterable[NamedModel]) -> Path:
+    """Write the record of named models (written whole, then moved into place: never half a file)."""
+    import json
+    import os
+
+    entries = {
+        model.name: {
+            "weights": model.weights,
+            "summary": model.summary,
+            **({"artifact": model.artifact} if model.artifact else {}),
+        }
+        for model in models
+    }
+    path = RunFolder(output_dir).models_file
+    partial = path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
+    os.replace(partial, path)
+    return path
 
 
 def dispatcher(run: Run, hooks: Any = None, plugins: Mapping[str, str] | None = None) -> Dispatcher:

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import warnings
 from abc import ABC, abstractmethod
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from runjob.host.components import Options
+
+if TYPE_CHECKING:  # for annotations only: loading plugins never imports torch
+    import torch
 
 Direction = Literal["max", "min"]
 EVALUATION_PREFIXES = ("val", "test")  # metrics of the validation split, and of the test split when a dataset has one
@@ -83,7 +86,7 @@ class Task(ABC):
         return self.call_model(model, self.inputs(batch))
 
     @abstractmethod
-    def loss(self, outputs: Any, batch: Any) -> Any:
+    def loss(self, outputs: Any, batch: Any) -> torch.Tensor:
         """The training loss of a batch: a 0-dim tensor the host calls ``backward`` on (via
         ``accelerator.backward``). Do not call ``.item()`` here: it would wait for the device."""
 
@@ -93,7 +96,7 @@ class Task(ABC):
         with that message, naming the model, the task and the dataset."""
 
     @abstractmethod
-    def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
+    def evaluate(self, outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
         """Per-sample values of one evaluation batch: names mapped to tensors whose first dimension
         is the batch (``(batch,)`` or ``(batch, ...)``). The host gathers them across processes
         (each validation sample counted once), sums each over the samples on the device, and hands
@@ -113,7 +116,7 @@ class Task(ABC):
             raise ValueError(f"{type(self).__name__} found no tensor in a {type(batch).__name__} batch to count")
         return int(first.shape[0])
 
-    def predict(self, outputs: Any) -> dict[str, Any]:
+    def predict(self, outputs: Any) -> dict[str, torch.Tensor]:
         """What ``runjob predict`` writes for a batch of the model's outputs (of :meth:`call_model`):
         names mapped to per-sample tensors (first dimension the batch; a ``(batch, k)`` tensor becomes
         k columns ``name_0 ... name_<k-1>``). By default the outputs as they are, as ``output``; a
@@ -140,10 +143,18 @@ class Generating(ABC):
     ``class MyLM(runjob.Task, runjob.Generating)``."""
 
     @abstractmethod
-    def generate(self, model: Any, tokens: Any, max_new_tokens: int, context: int, temperature: float, generator: Any):
-        """The ``max_new_tokens`` token ids that follow ``tokens`` (a ``(1, T)`` prompt), greedily
-        when ``temperature`` is 0, else sampled with ``generator``; the model sees at most the last
-        ``context`` tokens (the length it was trained on)."""
+    def generate(
+        self,
+        model: Any,
+        tokens: torch.Tensor,
+        max_new_tokens: int,
+        context: int,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
+        """The ``max_new_tokens`` token ids that follow ``tokens`` (a ``(1, T)`` prompt), a ``(1,
+        max_new_tokens)`` tensor, greedily when ``temperature`` is 0, else sampled with ``generator``;
+        the model sees at most the last ``context`` tokens (the length it was trained on)."""
 
 
 def generates(task: Any) -> bool:

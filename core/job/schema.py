@@ -16,6 +16,7 @@ from pydantic import Field, field_validator, model_validator
 from runjob.host.components import Options
 from runjob.host.kinds import MANY_TABLES
 from runjob.host.kinds import NAMES as KIND_NAMES
+from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
 
 HOST_TABLES = ("job", "train", "launch", "tracking")
 # the order of a resolved job's tables: what it is, its components (one table a kind), how it runs
@@ -23,7 +24,6 @@ TABLE_ORDER = ("job", *KIND_NAMES, *MANY_TABLES, "train", "launch", "tracking")
 # accepted in a job file but not part of the resolved job: `runjob sweep` reads it, trials never see it
 SWEEP_TABLE = "sweep"
 RUNS_URI = "runs:/"
-WEIGHTS_FILE = "model.safetensors"
 
 
 def sweep_note(what_happens: str) -> str:
@@ -188,7 +188,7 @@ class ModelSetup(Options):
             return value.rstrip("/")
         path = Path(os.path.abspath(os.path.expanduser(value)))
         if path.is_dir():
-            if not (path / WEIGHTS_FILE).is_file():
+            if not RunFolder(path).weights.is_file():
                 raise ValueError(f"folder {path} has no {WEIGHTS_FILE} (a run's output folder has one when it ended)")
         elif path.is_file():
             if path.suffix != ".safetensors":

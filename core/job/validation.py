@@ -9,7 +9,7 @@ import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import tomli_w
 from pydantic import BaseModel, ValidationError
@@ -39,6 +39,9 @@ from runjob.job.schema import (
     TrainTable,
 )
 
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
+
 _HOST_MODELS: dict[str, type[Options]] = {
     "job": JobTable,
     "train": TrainTable,
@@ -47,6 +50,8 @@ _HOST_MODELS: dict[str, type[Options]] = {
 }
 # runjob's own keys in a component's table, beside the component's options (as LoaderOptions in [dataset])
 _SETUP_MODELS: dict[str, type[Options]] = {"model": ModelSetup, "optimizer": OptimizerSetup}
+
+_Table = TypeVar("_Table", bound=Options)
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,7 @@ def _problems_from(
     return problems
 
 
-def _describe(item: dict[str, Any], accepted: list[str], also: tuple[str, ...] = ()) -> str:
+def _describe(item: ErrorDetails, accepted: list[str], also: tuple[str, ...] = ()) -> str:
     kind = item["type"]
     if kind == "extra_forbidden":
         field = str(item["loc"][-1])
@@ -151,8 +156,8 @@ def _describe(item: dict[str, Any], accepted: list[str], also: tuple[str, ...] =
 
 
 def _check(
-    model: type[Options], values: dict[str, Any], table: str, raw: RawJob, problems: list[Problem]
-) -> Options | None:
+    model: type[_Table], values: dict[str, Any], table: str, raw: RawJob, problems: list[Problem]
+) -> _Table | None:
     try:
         return model.model_validate(values)
     except ValidationError as error:
@@ -248,13 +253,15 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
     sweep = _check_sweep(raw, problems)
     before = len(problems)
     callbacks = _choose_callbacks(raw, host, problems)
-    metrics = _declared_by(chosen["task"], raw, problems) if chosen["task"] is not None else None
-    if metrics and len(problems) == before:  # a callback in error may be what declares a metric
+    task = chosen["task"]
+    metrics = _declared_by(task, raw, problems) if task is not None else None
+    if task is not None and metrics and len(problems) == before:  # a callback in error may be what declares a metric
         metrics.update(_callback_metrics(callbacks, metrics, raw, problems))
-        if host_tables["train"] is not None:
-            host_tables["train"] = _best_metric(host_tables["train"], metrics, chosen["task"].name, raw, problems)
+        train = host_tables["train"]
+        if isinstance(train, TrainTable):  # None when [train] has problems
+            host_tables["train"] = _best_metric(train, metrics, task.name, raw, problems)
         if sweep is not None:
-            sweep = _sweep_metric(sweep, metrics, chosen["task"].name, raw, problems)
+            sweep = _sweep_metric(sweep, metrics, task.name, raw, problems)
 
     if problems:
         given = {override_origin(text).file: index for index, text in enumerate(raw.overrides)}
@@ -262,16 +269,9 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
         raise JobError(
             sorted(problems, key=lambda p: (p.file != str(raw.path), given.get(p.file, -1), p.file, p.line or 0))
         )
-    return ResolvedJob(
-        source=raw,
-        loader=loader,
-        sweep=sweep,
-        callbacks=callbacks,
-        metrics=metrics or {},
-        **host_tables,
-        **chosen,
-        **setups,
-    )  # type: ignore[arg-type]
+    # without problems every table was checked: none of these is None
+    tables: dict[str, Any] = {"loader": loader, **host_tables, **chosen, **setups}
+    return ResolvedJob(source=raw, sweep=sweep, callbacks=callbacks, metrics=metrics or {}, **tables)
 
 
 def task_metrics(task: Chosen) -> dict[str, str]:
@@ -426,7 +426,7 @@ def _check_sweep(raw: RawJob, problems: list[Problem]) -> SweepTable | None:
     parameters = _sweep_parameters(raw, values.pop("parameters", None), values.get("method", "grid"), problems)
     table = _check(SweepTable, {**values, "parameters": parameters}, SWEEP_TABLE, raw, problems)
     if table is not None and table.method == "grid" and table.trials is not None:
-        combinations = math.prod(len(choices) for choices in parameters.values())
+        combinations = math.prod([len(choices) for choices in parameters.values() if isinstance(choices, list)])
         if table.trials < combinations:
             origin = raw.origin(f"{SWEEP_TABLE}.trials")
             message = (

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from runjob.errors import RunjobError
+from runjob.host.run_folder import JOB_FILE, RunFolder
 
 RUNS_ROOT = Path("runs")
 
@@ -20,9 +21,9 @@ def choose_output_dir(job_name: str, requested: Path | None) -> Path:
             candidate = RUNS_ROOT / job_name / f"{stamp}-{suffix}"
             suffix += 1
         return candidate
-    if (requested / "job.toml").exists():
+    if RunFolder(requested).job_file.exists():
         raise RunjobError(
-            f"--output-dir {requested}: this folder already holds a run (job.toml); choose another so nothing is "
+            f"--output-dir {requested}: this folder already holds a run ({JOB_FILE}); choose another so nothing is "
             "overwritten"
         )
     if requested.exists() and not requested.is_dir():

@@ -19,12 +19,16 @@ from typing import Any
 
 from runjob.errors import RunjobError, describe
 from runjob.host.kinds import BY_NAME
+from runjob.host.run_folder import (
+    ATTEMPTS_DIR,
+    CALLBACKS_FILE,
+    CHECKPOINT_STATE_FILE,
+    SCHEDULER_FILE,
+    WEIGHTS_FILE,
+    RunFolder,
+    checkpoint_step,
+)
 from runjob.job.keys import flat, value_text
-
-STATE_FILE = "runjob_state.json"
-SCHEDULER_FILE = "scheduler.pt"
-CALLBACKS_FILE = "callbacks.pt"  # every callback's state_dict(), by its name in the job
-PREFIX = "step-"
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class Position:
 
 
 def checkpoints_folder(output_dir: Path) -> Path:
-    return output_dir / "checkpoints"
+    return RunFolder(output_dir).checkpoints_dir
 
 
 def complete_checkpoints(output_dir: Path) -> list[Path]:
@@ -45,8 +49,9 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     folder = checkpoints_folder(output_dir)
     if not folder.is_dir():
         return []
-    found = [p for p in folder.iterdir() if p.name.startswith(PREFIX) and (p / STATE_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name.removeprefix(PREFIX)))
+    steps = {p: checkpoint_step(p.name) for p in folder.iterdir()}
+    found = [p for p, step in steps.items() if step is not None and (p / CHECKPOINT_STATE_FILE).is_file()]
+    return sorted(found, key=lambda p: steps[p] or 0)
 
 
 def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, Any]) -> Path:
@@ -54,9 +59,9 @@ def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, An
     import torch
 
     accelerator = run.accelerator
-    folder = checkpoints_folder(run.output_dir)
-    final = folder / f"{PREFIX}{position.step:08d}"
-    temporary = folder / f".tmp-{final.name}"
+    folder = RunFolder(run.output_dir)
+    final = folder.checkpoint(position.step)
+    temporary = folder.checkpoint_temporary(position.step)
     try:
         if accelerator.is_main_process:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -70,7 +75,7 @@ def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, An
             if any(states.values()):
                 torch.save(states, temporary / CALLBACKS_FILE)
             state = {**asdict(position), **extra}
-            (temporary / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+            (temporary / CHECKPOINT_STATE_FILE).write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             if final.exists():  # a resumed run passing the same step again
@@ -97,26 +102,33 @@ def tidy_finished(output_dir: Path, keep: int) -> str | None:
     are the same bytes as ``model.safetensors``). Returns what it did, for the log, or None."""
     before = _bytes(output_dir)
     _prune(output_dir, keep)
-    final = output_dir / "model.safetensors"
+    final = RunFolder(output_dir).weights
     linked = [copy for copy in _same_weights(output_dir, final) if _link(final, copy)]
     freed = before - _bytes(output_dir)
     if not freed:
         return None
     kept = len(complete_checkpoints(output_dir))
     shared = (
-        f"; {', '.join(str(p.relative_to(output_dir)) for p in linked)} = model.safetensors, stored once"
-        if linked
-        else ""
+        f"; {', '.join(str(p.relative_to(output_dir)) for p in linked)} = {WEIGHTS_FILE}, stored once" if linked else ""
     )
     kept_text = f"kept {kept} checkpoint(s) of the finished run (train.keep_checkpoints_finished)"
     return f"{kept_text}{shared}: {freed / 2**20:.0f} MiB freed"
 
 
+def same_bytes(a: Path, b: Path) -> bool:
+    """Whether two files hold the same bytes (a hard link of one to the other, or equal contents)."""
+    import filecmp
+
+    return a.samefile(b) or filecmp.cmp(a, b, shallow=False)
+
+
 def _same_weights(output_dir: Path, final: Path) -> list[Path]:
-    candidates = [output_dir / "best" / "model.safetensors"]
+    from runjob.host.run_context import named_models
+
+    candidates = [output_dir / model.weights for model in named_models(output_dir).values()]  # best/ ...
     found = complete_checkpoints(output_dir)
     if found:
-        candidates.append(found[-1] / "model.safetensors")
+        candidates.append(found[-1] / WEIGHTS_FILE)
     if not final.is_file():
         return []
     size, digest = final.stat().st_size, None
@@ -164,7 +176,7 @@ def _bytes(folder: Path) -> int:
 def read_state(checkpoint: Path) -> dict[str, Any]:
     """The runjob state of a checkpoint; a clear error when it is missing or unreadable."""
     try:
-        return json.loads((checkpoint / STATE_FILE).read_text(encoding="utf-8"))
+        return json.loads((checkpoint / CHECKPOINT_STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise RunjobError(f"--resume {checkpoint}: not a complete runjob checkpoint ({error})") from None
 
@@ -172,8 +184,8 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
 def find_checkpoint(output_dir: Path, explicit: Path | None) -> Path:
     """The checkpoint to resume: ``explicit``, else the newest complete one in ``output_dir``."""
     if explicit is not None:
-        if not (explicit / STATE_FILE).is_file():
-            raise RunjobError(f"--resume {explicit}: not a complete runjob checkpoint (no {STATE_FILE})")
+        if not (explicit / CHECKPOINT_STATE_FILE).is_file():
+            raise RunjobError(f"--resume {explicit}: not a complete runjob checkpoint (no {CHECKPOINT_STATE_FILE})")
         return explicit
     found = complete_checkpoints(output_dir)
     if not found:
@@ -183,7 +195,6 @@ def find_checkpoint(output_dir: Path, explicit: Path | None) -> Path:
 
 AUTO = "auto"
 """``--resume auto`` / ``train.resume = "auto"``: continue when there is a checkpoint, else start."""
-ATTEMPTS = "attempts"
 AUTO_NEEDS_FOLDER = (
     "--resume auto (train.resume = 'auto') needs --output-dir DIR: a folder that survives restarts, where the same "
     "command finds its checkpoints (e.g. runs/$SLURM_JOB_ID)"
@@ -194,14 +205,14 @@ def set_aside_attempt(output_dir: Path) -> Path:
     """Move what an attempt that left no complete checkpoint wrote in ``output_dir`` (its job.toml,
     metrics, record, a half-written checkpoint) into ``OUTPUT_DIR/attempts/N``, so nothing is lost
     and the folder can hold the fresh start; returns that folder."""
-    attempts = output_dir / ATTEMPTS
+    folder = RunFolder(output_dir)
     number = 1
-    while (attempts / str(number)).exists():
+    while folder.attempt(number).exists():
         number += 1
-    kept = attempts / str(number)
+    kept = folder.attempt(number)
     kept.mkdir(parents=True)
     for entry in output_dir.iterdir():
-        if entry.name != ATTEMPTS:
+        if entry.name != ATTEMPTS_DIR:
             os.replace(entry, kept / entry.name)
     return kept
 

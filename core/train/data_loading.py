@@ -120,7 +120,7 @@ def _check_in_memory_loader(job: Any) -> None:
         raise DataError(
             f"dataset {job.dataset.name!r} keeps its data in memory and builds each batch on the training device, "
             f"without DataLoader workers or pinned memory: remove {', '.join(set_keys)} from the job (or turn the "
-            "dataset's in-memory option off, e.g. dataset.in_memory = false)"
+            f"dataset's in-memory option off: `runjob plugins --long` lists {job.dataset.name!r}'s options)"
         )
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import JobError, Problem, RunjobError, describe
-from runjob.job.schema import RUNS_URI, WEIGHTS_FILE
+from runjob.host.run_folder import MODELS_FILE, WEIGHTS_FILE, RunFolder
+from runjob.job.schema import RUNS_URI
 from runjob.record.local import RunRecord
 
 SHOWN = 4
@@ -135,7 +136,7 @@ def fetch_source(value: str, tracking_uri: str | None, scratch: Path) -> Source:
     run's artifact downloaded into ``scratch``."""
     if not value.startswith(RUNS_URI):
         path = Path(value)
-        file = path / WEIGHTS_FILE if path.is_dir() else path
+        file = RunFolder(path).weights if path.is_dir() else path
         return Source(file, _record_run_id(file.parent), str(file))
     run_id, _, artifact = value.removeprefix(RUNS_URI).partition("/")
     artifact = artifact or WEIGHTS_FILE
@@ -156,21 +157,23 @@ def fetch_source(value: str, tracking_uri: str | None, scratch: Path) -> Source:
 
 
 def _weights_named_by_record(tracking_uri: str | None, run_id: str, artifact: str, scratch: Path) -> str | None:
-    """``best/model.safetensors`` of a run whose best weights are its final ones: ``best_weights``
-    then uploads only ``best/best.json``, whose ``weights`` names the artifact that holds them."""
+    """The weights of the model the run named (``run.add_model``: ``best`` for ``runs:/ID/best``),
+    as its record of models, ``models.json``, says where MLflow holds them (the final
+    ``model.safetensors`` when they are the same bytes, stored once)."""
     from runjob.record.store import download_artifact
 
-    folder, _, name = artifact.rpartition("/")
-    if name != WEIGHTS_FILE or not folder:
+    name = artifact.removesuffix(f"/{WEIGHTS_FILE}")
+    if name == artifact or not name:
         return None
-    record = download_artifact(tracking_uri, run_id, f"{folder}/best.json", scratch)
+    record = download_artifact(tracking_uri, run_id, MODELS_FILE, scratch / "record")
     if record is None:
         return None
     try:
-        named = json.loads(Path(record).read_text(encoding="utf-8")).get("weights")
+        entry = json.loads(Path(record).read_text(encoding="utf-8")).get(name) or {}
     except (OSError, ValueError, AttributeError):
         return None
-    return download_artifact(tracking_uri, run_id, named, scratch) if isinstance(named, str) else None
+    named = entry.get("artifact") if isinstance(entry, dict) else None
+    return download_artifact(tracking_uri, run_id, named, scratch) if isinstance(named, str) and named else None
 
 
 def init_from(model: Any, job: Any, tracking_uri: str | None) -> tuple[str, dict[str, str]]:

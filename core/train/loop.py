@@ -216,7 +216,7 @@ class NonFiniteGuard:
             lr = run.optimizer.param_groups[0]["lr"]
             raise TrainingError(
                 f"the loss or the gradients became NaN or infinite at step {step} (train.on_nonfinite = 'stop'). "
-                f"Usual remedies: a lower learning rate (optimizer.lr, now {lr:g}), gradient clipping "
+                f"Usual remedies: a lower learning rate (now {lr:g}), gradient clipping "
                 "(train.max_grad_norm = 1.0), mixed_precision = 'bf16' instead of 'fp16'; or train.on_nonfinite = "
                 "'skip' to skip such steps"
             )
@@ -303,8 +303,8 @@ class TrainingLoop:
                 f"out of memory on {self.run.accelerator.device} at step {self.step + 1} with train.batch_size = "
                 f"{train.batch_size} per process ({first_line(error)[:120]}). To use less: a smaller "
                 "train.batch_size with train.gradient_accumulation_steps to keep the effective batch, "
-                "train.mixed_precision = 'bf16', strategy 'fsdp' (activation_checkpointing, cpu_offload) or "
-                "'deepspeed' (zero_stage 2 or 3)"
+                "train.mixed_precision = 'bf16', or a strategy that shards the model across processes (see "
+                "`runjob plugins --long`: fsdp, deepspeed)"
             ) from None
 
     def _fit(self) -> dict[str, float]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from runjob.errors import RunjobError
+from runjob.host.run_folder import RunFolder
 from runjob.train.checkpoints import AUTO, AUTO_NEEDS_FOLDER
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def output_folder(job_name: str, output_dir: Path | None, resume: Resume, launch
     from runjob.record.outputs import choose_output_dir
 
     if resume.mode == "checkpoint" and resume.checkpoint is not None and output_dir is None:
-        return resume.checkpoint.parent.parent
+        return RunFolder.of_checkpoint(resume.checkpoint).root
     if resume.mode == "auto" and output_dir is None:
         raise RunjobError(AUTO_NEEDS_FOLDER)
     if resume and output_dir is None:

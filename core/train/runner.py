@@ -20,7 +20,17 @@ from runjob.host.callback import Callback
 from runjob.host.components import DatasetSplits
 from runjob.host.events import Dispatcher, Event
 from runjob.host.plugin_host import PluginHost
-from runjob.host.run_context import Clock, Run, RunParts, dispatcher, save_weights
+from runjob.host.run_context import (
+    Clock,
+    NamedModel,
+    Run,
+    RunParts,
+    dispatcher,
+    named_models,
+    save_weights,
+    write_named_models,
+)
+from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
 from runjob.host.task import Task, declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
 from runjob.job.validation import ResolvedJob
@@ -38,6 +48,7 @@ from runjob.train.checkpoints import (
     find_checkpoint,
     load_checkpoint,
     read_state,
+    same_bytes,
     set_aside_attempt,
     tidy_finished,
 )
@@ -261,7 +272,7 @@ def _prepare(request: RunRequest) -> Prepared:
         prepared = Prepared(accelerator, output_dir, checkpoint, saved, changes)
     elif accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "job.toml").write_text(job.to_toml(), encoding="utf-8")
+        RunFolder(output_dir).job_file.write_text(job.to_toml(), encoding="utf-8")
     logfile.open_in(output_dir)
     set_seed(job.job.seed)
     return prepared
@@ -355,6 +366,7 @@ def _finish_training(
     if tidied:
         print(f"runjob: {tidied}")
     _record_outputs(recorder, job, output_dir, built.splits, built.task, accelerator, built.model)
+    _record_named_models(recorder, output_dir)
     summary = _summary(job, recorder, output_dir, loop, seconds)
     recorder.model_logged()
     return summary
@@ -370,13 +382,10 @@ def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: Train
     shown += [f"{k} {v:.4g}" for k, v in loop.last_metrics.items() if k.startswith("test/")]
     stopped = f", stopped early: {loop.stopped}" if loop.stopped else ""
     lines = [f"runjob: finished {job.job.name} in {took} ({loop.step} steps{stopped}): {'  '.join(shown) or 'done'}"]
-    models = [f"final {output_dir / 'model.safetensors'}"]
-    tags = recorder.record.tags
-    if "runjob.best.value" in tags and (output_dir / "best").is_dir():
-        models.append(
-            f"best ({tags['runjob.best.metric']} {float(tags['runjob.best.value']):.4g} at step "
-            f"{tags['runjob.best.step']}) {output_dir / 'best' / 'model.safetensors'}"
-        )
+    models = [f"final {RunFolder(output_dir).weights}"]
+    for model in named_models(output_dir).values():  # what callbacks named (best_weights: "best")
+        about = f" ({model.summary})" if model.summary else ""
+        models.append(f"{model.name}{about} {output_dir / model.weights}")
     lines.append("runjob: models: " + "; ".join(models))
     if job.tracking.offline or recorder.run_id is None:
         lines.append(f"runjob: recorded offline in {output_dir}: `runjob sync {output_dir}` uploads it to MLflow")
@@ -434,12 +443,12 @@ def _start_record(request: RunRequest, host: PluginHost, prepared: Prepared) -> 
         model_name=job.job.name,  # MLflow's Models tab lists the models of every run by name
     )
     if accelerator.is_main_process and not resuming:
-        folder = output_dir / "record"
-        folder.mkdir(exist_ok=True)
-        (folder / "job.toml").write_text(tomli_w.dumps(redact_tables(job.to_dict())), encoding="utf-8")
-        (folder / "job_sources.json").write_text(json.dumps(job_sources(job), indent=1) + "\n", encoding="utf-8")
-        recorder.log_artifact(folder / "job.toml")
-        recorder.log_artifact(folder / "job_sources.json")
+        paths = RunFolder(output_dir)
+        paths.record_dir.mkdir(exist_ok=True)
+        paths.recorded_job_file.write_text(tomli_w.dumps(redact_tables(job.to_dict())), encoding="utf-8")
+        paths.job_sources_file.write_text(json.dumps(job_sources(job), indent=1) + "\n", encoding="utf-8")
+        recorder.log_artifact(paths.recorded_job_file)
+        recorder.log_artifact(paths.job_sources_file)
     return recorder
 
 
@@ -496,11 +505,34 @@ def _record_outputs(
             print(f"runjob: {why_not}", flush=True)
         recorder.log_model(prediction=prediction)  # it holds model.safetensors: stored once in MLflow
         return
-    recorder.log_artifact(output_dir / "model.safetensors")
+    recorder.log_artifact(RunFolder(output_dir).weights)
     if job.tracking.log_model != "none":
         from runjob.train.data_loading import example_batch
 
         recorder.log_model(task.inputs(example_batch(splits.val)))
+
+
+def _record_named_models(recorder: Recorder, output_dir: Path) -> None:
+    """Upload the models callbacks named (``run.add_model``) and the record of them,
+    ``models.json``, once training is over: weights that are the final weights' bytes are not sent
+    again; their record says they are the run's ``model.safetensors``."""
+    models = named_models(output_dir)
+    if not models:
+        return
+    final = RunFolder(output_dir).weights
+    uploaded = []
+    for model in models.values():
+        weights = output_dir / model.weights
+        if not weights.is_file():
+            continue
+        if final.is_file() and same_bytes(weights, final):
+            artifact = WEIGHTS_FILE
+        else:
+            folder = Path(model.weights).parent.as_posix()
+            recorder.log_artifact(weights, None if folder == "." else folder)
+            artifact = model.weights
+        uploaded.append(NamedModel(model.name, model.weights, model.summary, artifact))
+    recorder.log_artifact(write_named_models(output_dir, uploaded))
 
 
 def _resume_point(job: ResolvedJob, output_dir: Path, resume: Resume) -> tuple[Path, dict[str, Any], list[str]]:
@@ -521,7 +553,7 @@ def _auto_resume(accelerator: Any, output_dir: Path) -> bool:
     process moves them to ``attempts/N`` and marks that attempt's run KILLED; then all start afresh."""
     if complete_checkpoints(output_dir):
         return True
-    if accelerator.is_main_process and (output_dir / "job.toml").exists():
+    if accelerator.is_main_process and RunFolder(output_dir).job_file.exists():
         from runjob.record.tracking import close_abandoned_run
 
         kept = set_aside_attempt(output_dir)

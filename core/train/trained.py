@@ -19,14 +19,13 @@ from typing import Any
 from runjob.errors import RunjobError, TrainingError, first_line
 from runjob.host.components import DatasetSplits, ImageTensors
 from runjob.host.run_context import Run, RunParts
+from runjob.host.run_folder import JOB_FILE, WEIGHTS_FILE, RunFolder
 from runjob.host.task import Task
 from runjob.job.validation import ResolvedJob, load_resolved
 from runjob.record.local import RunRecord
 from runjob.record.store import download_artifact, get_run, open_store, reading
 from runjob.record.tracking import resolve_tracking_uri
 
-JOB_FILE = "job.toml"
-MODEL_FILE = "model.safetensors"
 OUTPUT_DIR_TAG = "runjob.output_dir"
 RUN_ID = re.compile(r"^[0-9a-fA-F]{8,64}$")
 
@@ -48,11 +47,11 @@ class TrainedRun:
 
     @property
     def job_file(self) -> Path:
-        return self.folder / JOB_FILE
+        return RunFolder(self.folder).job_file
 
     @property
     def model_file(self) -> Path:
-        return self.folder / MODEL_FILE
+        return RunFolder(self.folder).weights
 
     @property
     def label(self) -> str:
@@ -76,14 +75,14 @@ def find_run(reference: str, tracking_uri: str | None, scratch: Path) -> Trained
         )
     if not found.model_file.is_file():
         raise RunjobError(
-            f"run {found.label} has no model: no {MODEL_FILE} in {found.folder} (it did not finish training); use a "
+            f"run {found.label} has no model: no {WEIGHTS_FILE} in {found.folder} (it did not finish training); use a "
             "finished run"
         )
     return found
 
 
 def _from_folder(reference: str, path: Path) -> TrainedRun:
-    if not (path / JOB_FILE).is_file():
+    if not RunFolder(path).job_file.is_file():
         raise RunjobError(f"{path}: no {JOB_FILE} here: not the output folder of a runjob run")
     record = RunRecord.read(path) or RunRecord()
     return TrainedRun(
@@ -105,11 +104,11 @@ def _from_mlflow(reference: str, tracking_uri: str | None, scratch: Path) -> Tra
         run = get_run(client, uri, run_id)
         experiment = client.get_experiment(run.info.experiment_id).name
     tagged = run.data.tags.get(OUTPUT_DIR_TAG)
-    output_dir = Path(tagged) if tagged and (Path(tagged) / JOB_FILE).is_file() else None
+    output_dir = Path(tagged) if tagged and RunFolder(Path(tagged)).job_file.is_file() else None
     found = TrainedRun(reference, output_dir or scratch, output_dir, run_id, uri, experiment, run.info.run_name)
     if output_dir is None:  # the folder is on another machine, or gone: the recorded copies
         _download(uri, run_id, JOB_FILE, scratch, required=True)
-        _download(uri, run_id, MODEL_FILE, scratch, required=False)
+        _download(uri, run_id, WEIGHTS_FILE, scratch, required=False)
     return found
 
 

@@ -68,7 +68,7 @@ def test_a_plateau_stops_the_run_finished_with_its_models(runjob_with_plugin):
     assert stopped.startswith("loss_plateau: no new lowest train/loss (") and stopped.endswith("for 2 log steps")
     assert run.tags["runjob.stopped.step"] == "15", "log steps 5 (the lowest), 10 (1), 15 (2): stop"
     assert run.mlflow.history("train/plateau_steps") == [(5, 0.0), (10, 1.0), (15, 2.0)]
-    assert run.mlflow.models() == {"plateau"} and "best/best.json" in run.mlflow.artifacts("best")
+    assert run.mlflow.models() == {"plateau"} and "models.json" in run.mlflow.artifacts()
 
 
 def test_the_count_survives_a_resume(runjob_with_plugin):

@@ -23,11 +23,19 @@ Job files use them as::
     min_delta = 0.0                  # how much lower counts as new
 """
 
-from typing import Any, Literal
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 from pydantic import Field, PositiveFloat
 
 import runjob
+
+if TYPE_CHECKING:  # torch names in annotations only: loading a plugin must not import torch
+    import torch
+
+    Batch: TypeAlias = tuple[torch.Tensor, torch.Tensor]
+    """What the task's batches are: (inputs, class indices)."""
 
 
 class TinyMLPOptions(runjob.Options):
@@ -38,7 +46,7 @@ class TinyMLPOptions(runjob.Options):
     dropout: float = Field(0.0, ge=0, lt=1)
 
 
-def build_tiny_mlp(options: TinyMLPOptions):
+def build_tiny_mlp(options: TinyMLPOptions) -> torch.nn.Module:
     # torch is imported here, not at module level, so `runjob --help` stays fast
     import torch.nn as nn
 
@@ -73,7 +81,7 @@ class FocalClassification(runjob.Task):
         self.gamma = options.gamma
         self.alpha = options.alpha
 
-    def _focal(self, outputs, targets):
+    def _focal(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Each sample's focal loss, shape ``(batch,)``."""
         import torch.nn.functional as F
 
@@ -84,10 +92,10 @@ class FocalClassification(runjob.Task):
             loss = loss * outputs.new_tensor(self.alpha, dtype=loss.dtype)[targets]
         return loss
 
-    def loss(self, outputs, batch):
+    def loss(self, outputs: torch.Tensor, batch: Batch) -> torch.Tensor:
         return self._focal(outputs, self.targets(batch)).mean()
 
-    def check(self, outputs, batch) -> None:
+    def check(self, outputs: torch.Tensor, batch: Batch) -> None:
         targets = self.targets(batch)
         if outputs.ndim != 2 or targets.ndim != 1 or targets.is_floating_point():
             raise ValueError(
@@ -100,7 +108,7 @@ class FocalClassification(runjob.Task):
                 "give one weight per class"
             )
 
-    def evaluate(self, outputs, batch):
+    def evaluate(self, outputs: torch.Tensor, batch: Batch) -> dict[str, torch.Tensor]:
         import torch.nn.functional as F
 
         targets = self.targets(batch)
@@ -108,7 +116,7 @@ class FocalClassification(runjob.Task):
         hit = support * (outputs.argmax(dim=1) == targets)[:, None]  # ... where it was predicted right
         return {"loss": self._focal(outputs, targets), "support": support, "hit": hit}
 
-    def summarize(self, totals, count):
+    def summarize(self, totals: dict[str, Any], count: int) -> dict[str, float]:
         # totals["support"][c]: samples of class c; totals["hit"][c]: those predicted right.
         # Classes absent from the split have no recall and are left out, as scikit-learn does.
         recalls = [hit / support for hit, support in zip(totals["hit"], totals["support"], strict=True) if support]
@@ -144,7 +152,7 @@ class LossPlateau(runjob.Callback):
         self.lowest: float | None = None
         self.plateau = 0
 
-    def on_log(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+    def on_log(self, run: runjob.Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
         # train/loss is the mean over processes: every process counts the same
         loss = metrics["train/loss"]
         if self.lowest is None or loss < self.lowest - self.min_delta:
@@ -163,13 +171,13 @@ class LossPlateau(runjob.Callback):
 
 
 @runjob.hookimpl
-def runjob_register_models(register):
+def runjob_register_models(register: runjob.Register) -> None:
     """Register tiny_mlp."""
     register("tiny_mlp", build_tiny_mlp, options=TinyMLPOptions, description="Flatten, one hidden layer, logits")
 
 
 @runjob.hookimpl
-def runjob_register_tasks(register):
+def runjob_register_tasks(register: runjob.Register) -> None:
     """Register focal_classification."""
     register(
         "focal_classification",
@@ -180,7 +188,7 @@ def runjob_register_tasks(register):
 
 
 @runjob.hookimpl
-def runjob_register_callbacks(register):
+def runjob_register_callbacks(register: runjob.Register) -> None:
     """Register loss_plateau."""
     register(
         "loss_plateau",
