@@ -318,8 +318,8 @@ def costs_main(args: argparse.Namespace, calls: int = 2000, samples: int = 50) -
     time (``time.process_time``: all its threads, so the pipe's reply reader is counted too)."""
     from types import SimpleNamespace
 
+    from runjob.record.recorder import Recorder
     from runjob.record.system_metrics import SystemMetricsSampler
-    from runjob.record.tracking import Recorder
 
     info = common.machine()
     common.print_machine(info)

@@ -93,7 +93,7 @@ def test_sync_reads_every_point_and_leaves_out_only_a_torn_last_line(tmp_path):
 
 
 def test_a_tracking_server_that_is_not_there_is_named_with_the_way_out():
-    from runjob.record.tracking import check_reachable
+    from runjob.record.uri import check_reachable
 
     uri = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(TrackingError) as refused:
@@ -105,7 +105,7 @@ def test_a_tracking_server_that_is_not_there_is_named_with_the_way_out():
 
 
 def test_uploads_gather_queued_points_into_few_calls_in_order_and_stop_at_a_failure():
-    from runjob.record.tracking import Uploader
+    from runjob.record.mlflow_writer import Uploader
 
     sent, calls = [], []
     uploader = Uploader(lambda metrics: sent.append(list(metrics)))

@@ -123,8 +123,8 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     (data,) = run.inputs
     assert data.dataset.name == "digits" and len(data.dataset.digest) >= 8
     assert json.loads(data.dataset.profile) == {"train_samples": 1438, "val_samples": 359, "num_classes": 10}
-    # artifacts: the resolved job, where each value came from, final weights, best weights, the MLflow model
-    assert {"job.toml", "job_sources.json", "best"} <= run.artifacts()
+    # artifacts: the resolved job, where each value came from, the record of named models (best), the MLflow model
+    assert {"job.toml", "job_sources.json", "models.json"} <= run.artifacts()
     assert run.models() == {"complete"}, "the MLflow model is the run's logged model, named after the job"
     folder = tmp_path / "downloaded"
     sources = json.loads(run.download("job_sources.json", folder).read_text())
@@ -252,5 +252,5 @@ def test_server_lost_mid_run_training_goes_on_and_sync_restores_every_point(test
         run = run.reload()
         assert run.status == "FINISHED"
         assert server_points(run, local_points(out)) == local_points(out)
-        assert {"job.toml", "best"} <= run.artifacts() and run.models() == {"lost"}
+        assert {"job.toml", "models.json"} <= run.artifacts() and run.models() == {"lost"}
         assert "unsynced" not in tester.record(out).record

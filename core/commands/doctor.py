@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from runjob.errors import describe
 from runjob.job.plan import fp16_problem
-from runjob.record.tracking import probe_health, sqlite_path, tracking_uri_and_source
+from runjob.record.uri import probe_health, sqlite_path, tracking_uri_and_source
 
 if TYPE_CHECKING:
     from runjob.host.plugin_host import PluginHost

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.commands.table import render
-from runjob.errors import TrackingError, describe
+from runjob.errors import TrackingError
 
 EVALUATED_FROM = "runjob.evaluated_from"
 
@@ -40,27 +40,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def record_evaluation(run: Any, job: Any, args: argparse.Namespace, metrics: dict[str, float]) -> tuple[str, str]:
-    """A new MLflow run in the evaluated run's experiment (and store, unless ``--tracking-uri``
-    says another): the job's params, the metrics, and tags naming the run it evaluated."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param, RunTag
-
+    """A new run in the evaluated run's experiment (and store, unless ``--tracking-uri`` says
+    another): the job's params, the metrics (at step 0), and tags naming the run it evaluated.
+    Recorded as a training run is: first in its own folder (``runs/<job name>-evaluate/<UTC
+    time>/``, or ``--output-dir``), then in MLflow, so ``runjob sync FOLDER`` uploads an evaluation
+    MLflow could not take. Returns the MLflow run id and the tracking URI; a TrackingError, naming
+    the folder, when MLflow did not take it all."""
     from runjob import __version__
     from runjob.host.task import declared_metrics
     from runjob.job.redaction import redact_override
-    from runjob.record.local import now_ms
+    from runjob.record.command_run import CommandRun
     from runjob.record.naming import recorded_params
-    from runjob.record.tracking import (
-        check_reachable,
-        default_experiment,
-        experiment_id,
-        resolve_tracking_uri,
-    )
+    from runjob.record.outputs import choose_output_dir
+    from runjob.record.uri import default_experiment, resolve_tracking_uri
 
     uri = resolve_tracking_uri(args.tracking_uri or run.tracking_uri or job.tracking.uri)
-    check_reachable(uri)
-    client = MlflowClient(tracking_uri=uri)
-    experiment = run.experiment or default_experiment(job.tracking, job.job.name)
     tags = {
         EVALUATED_FROM: run.run_id or str(run.output_dir),
         "runjob.evaluated_split": args.split,
@@ -70,28 +64,22 @@ def record_evaluation(run: Any, job: Any, args: argparse.Namespace, metrics: dic
     }
     if run.output_dir is not None:
         tags[f"{EVALUATED_FROM}.output_dir"] = str(run.output_dir.resolve())
-    params = recorded_params(job)  # as the training run's, so `runjob runs` finds no difference in the job
-    try:
-        created = client.create_run(
-            experiment_id(client, experiment),
-            run_name=f"evaluate {args.split} · {run.run_name or job.job.name}",
-            tags=tags,
-        )
-        run_id = created.info.run_id
-        items = [Param(key, value) for key, value in params.items()]
-        for first in range(0, len(items), 100):  # MLflow takes 100 params a call
-            client.log_batch(run_id, params=items[first : first + 100])
-        stamp = now_ms()
-        client.log_batch(
-            run_id,
-            metrics=[Metric(name, float(value), stamp, 0) for name, value in metrics.items()],
-            tags=[RunTag(key, value) for key, value in tags.items()],
-        )
-        client.set_terminated(run_id, "FINISHED")
-    except TrackingError:
-        raise
-    except Exception as error:  # noqa: BLE001 - an unreachable or refusing store is the same to the user
+    folder = choose_output_dir(f"{job.job.name}-evaluate", getattr(args, "output_dir", None))
+    recorded = CommandRun.begin(
+        folder,
+        uri,
+        run.experiment or default_experiment(job.tracking, job.job.name),
+        f"evaluate {args.split} · {run.run_name or job.job.name}",
+        recorded_params(job),  # as the training run's, so `runjob runs` finds no difference in the job
+        tags,
+        "--tracking-uri" if args.tracking_uri else "the evaluated run's tracking URI",
+    )
+    recorded.log_metrics(metrics, 0)
+    recorded.end("FINISHED")
+    if not recorded.online:
         raise TrackingError(
-            f"evaluated, but cannot record the evaluation to MLflow at {uri}: {describe(error)} (--no-record to skip)"
-        ) from None
-    return run_id, uri
+            f"evaluated and recorded in {folder}, but MLflow at {uri} did not take the evaluation "
+            f"({recorded.failure}); `runjob sync {folder}` uploads it (--no-record to skip recording)"
+        )
+    assert recorded.run_id is not None
+    return recorded.run_id, uri

@@ -17,7 +17,7 @@ from runjob.host.run_folder import RunFolder
 from runjob.job.keys import flat
 from runjob.job.redaction import HIDDEN
 from runjob.record.store import download_job, get_run, open_store, reading
-from runjob.record.tracking import resolve_tracking_uri
+from runjob.record.uri import resolve_tracking_uri
 
 RERUN_TAG = "runjob.rerun_of"
 

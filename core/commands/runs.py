@@ -16,7 +16,7 @@ from typing import Any
 from runjob.commands.table import ELLIPSIS, render, shorten
 from runjob.errors import RunjobError
 from runjob.record.store import all_experiments, get_run, open_store, reading
-from runjob.record.tracking import resolve_tracking_uri
+from runjob.record.uri import resolve_tracking_uri
 
 TABLE_WIDTH = 120  # `runs` shows as many differing job keys as fit in this many characters
 KEY_COLUMN_WIDTH = 18

@@ -31,7 +31,8 @@ from runjob.host.plugin_host import PluginHost
 from runjob.job.jobfile import RawJob, apply_override
 from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
 from runjob.job.validation import ResolvedJob, resolve
-from runjob.record.local import last_values, run_id_in
+from runjob.record.command_run import CommandRun
+from runjob.record.local import RUN_RECORD, last_values, run_id_in
 from runjob.train.entry import run_arguments
 
 TRIALS_FILE = "trials.json"  # every trial's overrides, status, value and run; in the sweep folder and on the parent run
@@ -305,63 +306,78 @@ def read_result(trial: Trial, metric: str) -> None:
 
 
 class ParentRun:
-    """The sweep's own MLflow run: its settings as params, one ``sweep/<metric>`` point per trial,
-    the best trial as tags, ``trials.json`` and the job file as artifacts."""
+    """The sweep's own run: its settings as params, one ``sweep/<metric>`` point per trial, the
+    best trial as tags, ``trials.json`` and the job file as artifacts. Recorded as a training run
+    is, first in the sweep's folder (``mlflow_run.json``, ``metrics.jsonl``, ``record/<job file>``),
+    then in MLflow, so ``runjob sync SWEEP_DIR`` uploads what MLflow missed mid-sweep."""
 
-    def __init__(self, client: Any, run_id: str) -> None:
-        self.client = client
-        self.run_id = run_id
+    def __init__(self, recorded: CommandRun) -> None:
+        self.recorded = recorded
+
+    @property
+    def run_id(self) -> str:
+        run_id = self.recorded.run_id
+        assert run_id is not None, "ParentRun.start gives a run MLflow created"
+        return run_id
 
     @classmethod
-    def start(cls, job: ResolvedJob, total: int, tags: dict[str, str]) -> ParentRun:
-        """Create the parent run in the job's experiment; raises TrackingError."""
-        from mlflow import MlflowClient
-        from mlflow.entities import Param
-
-        from runjob.record.tracking import check_reachable, default_experiment, experiment_id, resolve_tracking_uri
+    def start(cls, job: ResolvedJob, total: int, tags: dict[str, str], folder: Path) -> ParentRun:
+        """Record the parent run in ``folder`` and create it in the job's experiment; a TrackingError
+        when MLflow cannot create it (the trials are its children: they need its id)."""
+        from runjob.record.uri import default_experiment, resolve_tracking_uri
 
         uri = resolve_tracking_uri(job.tracking.uri)
-        check_reachable(uri)
         experiment = default_experiment(job.tracking, job.job.name)
-        try:
-            client = MlflowClient(tracking_uri=uri)
-            run = client.create_run(experiment_id(client, experiment), run_name=f"{job.job.name}-sweep", tags=tags)
-        except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
-            raise TrackingError(
-                f"cannot record the sweep to MLflow at {uri} (tracking.uri): {describe(error)}"
-            ) from None
-        try:
-            params = [Param(k, v) for k, v in sweep_params(job.sweep, total).items()]
-            client.log_batch(run.info.run_id, params=params)
-            client.log_text(run.info.run_id, _job_file_text(job), job.source.path.name)
-        except Exception as error:  # noqa: BLE001
-            client.set_terminated(run.info.run_id, status="FAILED")  # a run is never left RUNNING
-            raise TrackingError(
-                f"cannot record the sweep to MLflow at {uri} (tracking.uri): {describe(error)}"
-            ) from None
-        return cls(client, run.info.run_id)
+        recorded = CommandRun.begin(
+            folder, uri, experiment, f"{job.job.name}-sweep", sweep_params(job.sweep, total), tags
+        )
+        if recorded.online:
+            job_file = folder / "record" / job.source.path.name
+            job_file.parent.mkdir(exist_ok=True)
+            job_file.write_text(_job_file_text(job), encoding="utf-8")
+            recorded.log_artifact(job_file)
+        if not recorded.online:
+            if recorded.run_id is None:  # no sweep began: nothing for `runjob sync` to upload
+                (folder / RUN_RECORD).unlink(missing_ok=True)
+            else:
+                recorded.set_tags({"runjob.error": f"MLflow did not take the sweep: {recorded.failure}"})
+                recorded.end("FAILED")  # a run is never left RUNNING
+            if isinstance(recorded.error, TrackingError):  # the server is not there: said as for a run
+                raise TrackingError(str(recorded.error)) from None
+            raise TrackingError(f"cannot record the sweep to MLflow at {uri} (tracking.uri): {recorded.failure}")
+        return cls(recorded)
 
     def log_trial(self, trial: Trial, metric: str) -> None:
         """Record a finished trial's value at step = its index."""
         if trial.value is not None:
-            self.client.log_metric(self.run_id, f"sweep/{metric}", trial.value, step=trial.index)
+            self.recorded.log_metrics({f"sweep/{metric}": trial.value}, trial.index)
 
     def finish(
         self, trials: list[Trial], best: Trial | None, metric: str, status: str, error: BaseException | None
     ) -> None:
-        """Record the best trial and every trial, and close the run with ``status``."""
+        """Record the best trial and every trial, and close the run with ``status``; say how to
+        upload what MLflow did not take."""
         if best is not None:
-            for key, value in {
-                "best_trial": str(best.index),
-                "best_run_id": best.run_id or "",
-                "best_params": " ".join(best.overrides),
-            }.items():
-                self.client.set_tag(self.run_id, f"runjob.sweep.{key}", value)
-            self.client.log_metric(self.run_id, f"best/{metric}", best.value, step=best.index)
+            self.recorded.set_tags(
+                {
+                    "runjob.sweep.best_trial": str(best.index),
+                    "runjob.sweep.best_run_id": best.run_id or "",
+                    "runjob.sweep.best_params": " ".join(best.overrides),
+                }
+            )
+            self.recorded.log_metrics({f"best/{metric}": best.value}, best.index)
         if error is not None:
-            self.client.set_tag(self.run_id, "runjob.error", describe(error)[:5000])
-        self.client.log_text(self.run_id, trials_json(trials), TRIALS_FILE)
-        self.client.set_terminated(self.run_id, status=status)
+            self.recorded.set_tags({"runjob.error": describe(error)[:5000]})
+        trials_file = self.recorded.folder / TRIALS_FILE
+        trials_file.write_text(trials_json(trials), encoding="utf-8")
+        self.recorded.log_artifact(trials_file)
+        self.recorded.end(status)
+        if not self.recorded.online:
+            print(
+                f"runjob: warning: MLflow did not take the sweep's parent run ({self.recorded.failure}); its record is "
+                f"complete in {self.recorded.folder}: upload it with `runjob sync {self.recorded.folder}`",
+                file=sys.stderr,
+            )
 
 
 def _job_file_text(job: ResolvedJob) -> str:
@@ -457,7 +473,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """
     job, plan, sweep_dir = _prepare(args)
     sweep = job.sweep
-    parent = ParentRun.start(job, plan.total, _parent_tags(job, args.overrides, sweep_dir))
+    parent = ParentRun.start(job, plan.total, _parent_tags(job, args.overrides, sweep_dir), sweep_dir)
     print(
         f"runjob: sweep of {plan.total} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}: output in "
         f"{sweep_dir}, MLflow parent run {parent.run_id}",

@@ -8,7 +8,7 @@ from pathlib import Path
 from runjob.errors import RunjobError
 from runjob.record.local import RUN_RECORD, RunRecord
 from runjob.record.sync import sync_record
-from runjob.record.tracking import check_reachable, resolve_tracking_uri
+from runjob.record.uri import check_reachable, resolve_tracking_uri
 
 
 def cmd_sync(args: argparse.Namespace) -> int:

@@ -17,14 +17,30 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runjob.errors import RunjobError
+from runjob.job.keys import flat, value_text
 
 RUN_RECORD = "mlflow_run.json"
 METRICS_FILE = "metrics.jsonl"
+MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
+TRUNCATED = "...(truncated; full value in job.toml)"
 
 
 def now_ms() -> int:
     """The time as MLflow keeps it: milliseconds since the epoch."""
     return int(time.time() * 1000)
+
+
+def flatten(tables: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"optimizer": {"lr": 0.1}}`` -> ``{"optimizer.lr": "0.1"}``; lists as JSON, long values cut
+    (params as the record keeps them and MLflow takes them)."""
+    return {key: _param_text(value) for key, value in flat(tables, prefix=prefix).items()}
+
+
+def _param_text(value: Any) -> str:
+    text = value_text(value)
+    if len(text) > MAX_PARAM_LENGTH:  # an MLflow limit; the whole value is in job.toml
+        text = text[: MAX_PARAM_LENGTH - len(TRUNCATED)] + TRUNCATED
+    return text
 
 
 @dataclass

@@ -1,32 +1,36 @@
 """The recording process: MLflow's half of a run's record, out of the training process's way.
 
 The training process writes the local record (``mlflow_run.json``, ``metrics.jsonl``) and sends
-each thing it records, as a JSON line, down a pipe to this process (``python -m
-runjob.record.mirror``), which creates the MLflow run and mirrors the record into it: the same
-calls, in the same order, with metric points gathered into few ``log_batch`` calls
-(:class:`runjob.record.tracking.Uploader`). It also writes the run's MLflow model at the end
+each thing it records down a pipe to this process (``python -m runjob.record.mirror``) as a typed
+message (:mod:`runjob.record.messages`, one JSON line each), which creates the MLflow run and
+mirrors the record into it through the one MLflow writer (:mod:`runjob.record.mlflow_writer`): the
+same calls, in the same order, with metric points gathered into few ``log_batch`` calls
+(:class:`runjob.record.mlflow_writer.Uploader`). It also writes the run's MLflow model at the end
 (record.model_logging), so the training process never imports MLflow: its import, the run's
 creation, every upload and the MLflow model run on another core instead of before the first step
-and between the steps (benchmarks/RESULTS.md, section 8). Where MLflow is imported in the
-training process already, the same work runs in a thread of it instead (:func:`in_process`).
+and between the steps (benchmarks/RESULTS.md, section 8).
+
+Where it runs is chosen (:data:`runjob.record.messages.Recording`): ``"process"`` (the above) or
+``"thread"``, the same work in a thread of the caller (where MLflow is imported already, there is
+no import to take off its path). No choice (None) means, for now, ``"thread"`` where MLflow is
+imported already and ``"process"`` otherwise (:func:`in_process`).
 
 Nothing is lost when this process is slow or stops: the local record holds everything and
 ``runjob sync`` uploads it; a resumed run's recording process first sends MLflow what the record
 holds and it lacks (what a killed predecessor had not sent). It reads the pipe in a thread of its
 own, so the training process's writes never wait on MLflow. It ignores SIGINT and SIGTERM (a Ctrl-C
-reaches the whole process group; the training process ends the run, then says ``close``), and it
+reaches the whole process group; the training process ends the run, then says ``Close``), and it
 exits once told to, or when the pipe closes, after sending what it has.
 
-Messages in (one JSON object a line, one key): ``start`` (first: where and what to record),
-``metrics`` (lines as ``metrics.jsonl`` has them), ``tags``, ``artifact``, ``input``, ``model``,
-``end``. Replies out: ``started`` (run id, tracking URI, experiment id) or ``error``, ``model``
-(``{"error": ...}`` when it could not be built), and ``ended`` (whether everything was sent, and
-whether a resumed run's catch-up was).
+Messages in: ``Start`` (a main process: where and what to record) or ``Join`` (another machine's
+system metrics) first, then ``Metrics``, ``Tags``, ``Artifact``, ``Input``, ``Model``, ``End``,
+``Close``. Replies out: ``Started`` or ``Refused``, ``ModelWritten``, and ``Ended`` (whether
+everything was sent, and whether a resumed run's catch-up was).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import os
 import queue
 import signal
@@ -36,6 +40,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from runjob.record import messages
+from runjob.record.messages import Recording
 
 MODULE = "runjob.record.mirror"
 
@@ -56,17 +63,27 @@ def _spawn() -> subprocess.Popen:
     )
 
 
-def prestart() -> None:
+def choose(recording: Recording | None) -> Recording:
+    """``recording``, or where it is None, what :func:`in_process` says."""
+    if recording is None:
+        return "thread" if in_process() else "process"
+    if recording not in ("process", "thread"):
+        raise ValueError(f"recording {recording!r}: expected 'process' or 'thread'")
+    return recording
+
+
+def prestart(recording: Recording | None = None) -> None:
     """Start the recording process now, before the training process imports torch: it imports
-    MLflow on another core meanwhile, and the next :class:`Mirror` takes it over."""
+    MLflow on another core meanwhile, and the next :class:`Mirror` takes it over. Nothing where
+    the recording is to be a thread."""
     global _early
-    if _early is None and not in_process():
+    if _early is None and choose(recording) == "process":
         _early = _spawn()
 
 
 def in_process() -> bool:
-    """Whether to record in a thread of this process instead: where MLflow is imported already
-    (a notebook, the test kit, a sweep's parent), there is no import to take off its path."""
+    """What no choice of recording means for now: a thread of this process where MLflow is
+    imported already (a notebook, the test kit), else a process."""
     return "mlflow" in sys.modules
 
 
@@ -82,18 +99,35 @@ def discard_prestarted() -> None:
                 stream.close()
 
 
+def _import_setuptools_once() -> None:
+    """Import setuptools in this thread before the recording thread starts. Its ``_distutils_hack``
+    swaps one global import hook in and out while it imports: importing setuptools from two threads
+    at once (the recording thread building a wheel, the training thread's ``torch.compile`` building
+    its C++ kernels through ``torch.utils.cpp_extension``) can leave the standard library's distutils
+    loaded, and torch's build then fails with ``AssertionError: .../distutils/core.py`` (measured:
+    the compiled-run test under a recording thread, 3 failures in 3 parallel runs)."""
+    import importlib.util
+
+    if importlib.util.find_spec("setuptools") is not None:
+        import setuptools  # noqa: F401
+
+
 class Mirror:
     """The training process's end of the pipe: starts the recording process (or takes over the
-    one :func:`prestart` started) and talks to it."""
+    one :func:`prestart` started), or the recording thread, and talks to it. ``first`` is the
+    first message (``Start`` or ``Join``); ``recording`` where it runs (see :func:`choose`)."""
 
-    def __init__(self, start: dict[str, Any]) -> None:
+    def __init__(self, first: messages.Start | messages.Join, recording: Recording | None = None) -> None:
         global _early
-        self._replies: dict[str, Any] = {}
+        self.recording = choose(recording)
+        self._replies: dict[type, Any] = {}
         self._arrived = threading.Condition()
         self._gone = False
         self.lost: str | None = None  # why the pipe broke, when it did
         self._inbox: queue.Queue | None = None
-        if _early is None and in_process():  # the same work, in a thread: see in_process()
+        if self.recording == "thread":
+            discard_prestarted()  # one started for a process is not needed
+            _import_setuptools_once()
             self._proc = None
             self._inbox = queue.Queue()
             self._reader = threading.Thread(target=self._serve, name="runjob-recording", daemon=True)
@@ -101,7 +135,7 @@ class Mirror:
             self._proc, _early = (_early or _spawn()), None
             self._reader = threading.Thread(target=self._read, name="runjob-mirror-replies", daemon=True)
         self._reader.start()
-        self.send({"start": start})
+        self.send(first)
 
     def _serve(self) -> None:
         assert self._inbox is not None
@@ -112,53 +146,63 @@ class Mirror:
                 self._gone = True
                 self._arrived.notify_all()
 
-    def _deliver(self, reply: dict[str, Any]) -> None:
+    def _deliver(self, reply: messages.Reply) -> None:
         with self._arrived:
-            self._replies.update(reply)
+            self._replies[type(reply)] = reply
             self._arrived.notify_all()
 
     def _read(self) -> None:
-        assert self._proc.stdout is not None
+        assert self._proc is not None and self._proc.stdout is not None
         for line in self._proc.stdout:
             try:
-                reply = json.loads(line)
-            except ValueError:
+                reply = messages.decode(line)
+            except ValueError as error:  # a bug on one side: said, and the rest still read
+                print(f"runjob: the recording process said something unknown: {error}", file=sys.stderr)
+                continue
+            if not isinstance(reply, messages.REPLIES):
+                print(f"runjob: the recording process sent a {reply.kind} message, not a reply", file=sys.stderr)
                 continue
             self._deliver(reply)
         with self._arrived:
             self._gone = True
             self._arrived.notify_all()
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: messages.Message) -> None:
         """Queue ``message`` for the recording process; never waits on MLflow."""
         if self._inbox is not None:
             self._inbox.put(message)
             return
+        assert self._proc is not None
         if self.lost is not None or self._proc.stdin is None:
             return
         try:
-            self._proc.stdin.write(json.dumps(message) + "\n")
+            self._proc.stdin.write(messages.encode(message) + "\n")
             self._proc.stdin.flush()
         except (OSError, ValueError) as error:  # it died: the local record has everything
             self.lost = f"the recording process stopped ({type(error).__name__})"
 
-    def reply(self, kind: str, timeout: float, also: str | None = None) -> Any | None:
-        """Wait at most ``timeout`` s for the reply ``kind`` (or ``also``, or the process's end);
-        returns the reply ``kind``, None when it did not come."""
-        with self._arrived:
-            self._arrived.wait_for(lambda: kind in self._replies or also in self._replies or self._gone, timeout)
-            return self._replies.get(kind)
+    def reply(self, kinds: tuple[type, ...], timeout: float) -> Any | None:
+        """Wait at most ``timeout`` s for a reply of one of ``kinds`` (or the process's end);
+        returns it, None when none came."""
 
-    def close(self, timeout: float) -> dict[str, Any] | None:
+        def arrived() -> Any | None:
+            return next((self._replies[kind] for kind in kinds if kind in self._replies), None)
+
+        with self._arrived:
+            self._arrived.wait_for(lambda: arrived() is not None or self._gone, timeout)
+            return arrived()
+
+    def close(self, timeout: float) -> messages.Ended | None:
         """End the conversation: the pipe is closed, the process sends what it has and exits
-        (waited for at most ``timeout`` s, then killed). Returns its ``ended`` reply."""
+        (waited for at most ``timeout`` s, then killed). Returns its ``Ended`` reply."""
         if self._inbox is not None:
-            self._inbox.put(None)
+            self._inbox.put(messages.Close())
             self._reader.join(timeout)
-            return self._replies.get("ended")
+            return self._replies.get(messages.Ended)
+        assert self._proc is not None
         # said, not only the pipe closed: a DataLoader worker forked from this process holds a copy
         # of the pipe's end, so the recording process may never see it close
-        self.send({"close": True})
+        self.send(messages.Close())
         if self._proc.stdin is not None:
             try:
                 self._proc.stdin.close()
@@ -170,7 +214,7 @@ class Mirror:
             self._proc.kill()
             self._proc.wait()
         self._reader.join(10)
-        return self._replies.get("ended")
+        return self._replies.get(messages.Ended)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,64 +224,50 @@ class Mirror:
 class _Recording:
     """What the recording process does with each message."""
 
-    def __init__(self, answer: Callable[[dict[str, Any]], None]) -> None:
-        self._answer = answer
-        self.client: Any = None
-        self.run_id: str | None = None
+    def __init__(self, answer: Callable[[messages.Reply], None]) -> None:
+        self.reply = answer
+        self.writer: Any = None  # the run's mlflow_writer.RunWriter
         self.uploader: Any = None
         self.output_dir = Path()
-        self.start: dict[str, Any] = {}
+        self.start: messages.Start | None = None  # None: another machine's (Join)
         self.host: Any = None
         self.first_metrics: Any = None  # a new run's: HeadlineFirst
         self.prewarmed: threading.Thread | None = None
         self.caught_up = False  # a resumed run: MLflow was given what its killed predecessor had not sent
 
-    def reply(self, **message: Any) -> None:
-        self._answer(message)
-
-    def begin(self, start: dict[str, Any]) -> bool:
-        """Create (or reopen, or join) the MLflow run; reply ``started`` or ``error``."""
+    def begin(self, first: messages.Start | messages.Join) -> bool:
+        """Create (or reopen, or join) the MLflow run; reply ``Started`` or ``Refused``."""
         from runjob.errors import TrackingError, describe
         from runjob.record import logfile
-        from runjob.record.tracking import resolve_tracking_uri
+        from runjob.record.uri import resolve_tracking_uri
 
-        self.start = start
-        self.output_dir = Path(start["output_dir"])
+        self.start = first if isinstance(first, messages.Start) else None
+        self.output_dir = Path(first.output_dir)
         logfile.open_in(self.output_dir)  # MLflow's chatter (a new database's creation) goes there
-        uri = resolve_tracking_uri(start.get("tracking_uri"))
+        uri = resolve_tracking_uri(first.tracking_uri)
         default = resolve_tracking_uri(None)  # what `runjob runs` reads without --tracking-uri
-        if start.get("offline"):
-            self.reply(
-                started={
-                    "run_id": start.get("run_id"),
-                    "tracking_uri": uri,
-                    "experiment_id": None,
-                    "default_uri": default,
-                }
-            )
+        if self.start is not None and self.start.offline:
+            self.reply(messages.Started(self.start.run_id, uri, None, default))
             return True
         try:
-            self.run_id, experiment = _open_run(start, uri)
+            self.writer = _open_run(first, uri)
+            experiment = self.writer.experiment_id()
         except TrackingError as error:
-            self.reply(error=str(error))
+            self.reply(messages.Refused(str(error)))
             return False
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
-            self.reply(error=f"cannot record the run to MLflow at {uri} (tracking.uri): {describe(error)}")
+            self.reply(messages.Refused(f"cannot record the run to MLflow at {uri} (tracking.uri): {describe(error)}"))
             return False
-        from mlflow import MlflowClient
+        from runjob.record.mlflow_writer import Uploader, metric_entities
 
-        from runjob.record.tracking import Uploader
-
-        self.client = MlflowClient(tracking_uri=uri)
-        self.uploader = Uploader(lambda metrics: self.client.log_batch(self.run_id, metrics=metrics))
-        if start.get("role") == "main" and start.get("run_id") is None:  # a new run: its headline metrics first
+        writer = self.writer
+        self.uploader = Uploader(lambda points: writer.client.log_batch(writer.run_id, metrics=metric_entities(points)))
+        if self.start is not None and self.start.run_id is None:  # a new run: its headline metrics first
             from runjob.record.naming import HeadlineFirst, headline_metrics
 
-            self.first_metrics = HeadlineFirst(headline_metrics(start.get("params") or {}, start.get("tags") or {}))
-        self.reply(
-            started={"run_id": self.run_id, "tracking_uri": uri, "experiment_id": experiment, "default_uri": default}
-        )
-        if start.get("role") == "main" and start.get("run_id") is not None:
+            self.first_metrics = HeadlineFirst(headline_metrics(self.start.params, self.start.tags))
+        self.reply(messages.Started(writer.run_id, uri, experiment, default))
+        if self.start is not None and self.start.run_id is not None:
             self._catch_up()
         return True
 
@@ -247,12 +277,11 @@ class _Recording:
         MLflow what the local record has and it lacks, first in the upload queue: this process's
         time, not training's."""
         from runjob.record.local import RunRecord
-        from runjob.record.sync import send_record
 
         def send() -> None:
             record = RunRecord.read(self.output_dir)
             if record is not None:
-                send_record(self.client, self.run_id, self.output_dir, record, catching_up=True)
+                self.writer.send_record(self.output_dir, record, catching_up=True)
                 self.caught_up = True
 
         self.uploader.submit(send, "what the run recorded before it was resumed")
@@ -261,17 +290,17 @@ class _Recording:
         """Import what building the MLflow model needs, and load the plugins, in a thread while
         training runs, so the end of the run does not wait for them and the messages that arrive
         meanwhile go to MLflow at once (a process killed with them still queued loses them)."""
-        if self.start.get("log_model", "none") != "none":
+        if self.start is not None and self.start.log_model != "none":
             self.prewarmed = threading.Thread(target=self._prewarm, name="runjob-prewarm", daemon=True)
             self.prewarmed.start()
 
     def _prewarm(self) -> None:
-        kind = self.start.get("log_model", "none")
+        assert self.start is not None
         from runjob.host.plugin_host import load_plugins
 
         try:
-            self.host = load_plugins(self.start.get("disabled") or {})
-            if kind == "weights":
+            self.host = load_plugins(self.start.disabled)
+            if self.start.log_model == "weights":
                 import mlflow.pyfunc  # noqa: F401 - no torch: writing this model needs none
             else:  # pickle, pt2: the model is built here, from the weights
                 import mlflow.pytorch  # noqa: F401
@@ -279,50 +308,50 @@ class _Recording:
         except Exception:  # noqa: BLE001 - only a head start: building the model says what is wrong
             self.host = None
 
-    def handle(self, message: dict[str, Any]) -> None:
-        ((kind, value),) = message.items()
-        if kind == "model":
-            self._model(value)
+    def handle(self, message: messages.Message) -> None:
+        if isinstance(message, messages.Model):
+            self._model(message)
             return
         if self.uploader is None:
             return
-        if kind == "metrics":
-            self._submit_metrics(self.first_metrics.take(value) if self.first_metrics else value)
-        elif kind == "tags":
-            from mlflow.entities import RunTag
+        writer = self.writer
+        if isinstance(message, messages.Metrics):
+            self._submit_metrics(self._headline_first(list(message.points)))
+        elif isinstance(message, messages.Tags):
+            tags = message.tags
+            self.uploader.submit(lambda: writer.tags(tags), "tags")
+        elif isinstance(message, messages.Artifact):
+            self._upload(message.path, message.artifact_path)
+        elif isinstance(message, messages.Input):
+            entry = message.dataset
+            self.uploader.submit(lambda: writer.inputs([entry]), f"dataset {entry['name']}")
+        elif isinstance(message, messages.End):
+            self._submit_metrics(self._headline_first([], release=True))
+            status, end_time = message.status, message.end_time
+            self.uploader.submit(lambda: writer.terminate(status, end_time), "the run's end")
+        else:
+            raise ValueError(f"the recording process cannot take a {message.kind} message here")
 
-            tags = [RunTag(k, str(v)) for k, v in value.items()]
-            self.uploader.submit(lambda: self.client.log_batch(self.run_id, tags=tags), "tags")
-        elif kind == "artifact":
-            self._upload(value["path"], value["artifact_path"])
-        elif kind == "input":
-            from runjob.record.tracking import log_inputs
+    def _headline_first(self, points: list[messages.Point], release: bool = False) -> list[messages.Point]:
+        """A new run's points as :class:`runjob.record.naming.HeadlineFirst` lets them go (all that
+        it holds when ``release``); any other run's as they come."""
+        if self.first_metrics is None:
+            return points
+        lines = [dataclasses.asdict(p) for p in points]  # HeadlineFirst reads metrics.jsonl's lines
+        given = self.first_metrics.release() if release else self.first_metrics.take(lines)
+        return [messages.Point.of(line) for line in given]
 
-            self.uploader.submit(lambda: log_inputs(self.client, self.run_id, [value]), f"dataset {value['name']}")
-        elif kind == "end":
-            self._submit_metrics(self.first_metrics.release() if self.first_metrics else [])
-            status, end_time = value["status"], value["end_time"]
-            self.uploader.submit(lambda: self.client.set_terminated(self.run_id, status, end_time), "the run's end")
-
-    def _submit_metrics(self, value: list[dict[str, Any]]) -> None:
-        if not value:
-            return
-        from mlflow.entities import Metric
-
-        points = [Metric(p["key"], float(p["value"]), int(p["timestamp"]), int(p["step"])) for p in value]
-        self.uploader.submit_metrics(points, points[-1].step)
+    def _submit_metrics(self, points: list[messages.Point]) -> None:
+        if points:
+            self.uploader.submit_metrics(points, points[-1].step)
 
     def _upload(self, relative: str, artifact_path: str | None) -> None:
-        from runjob.record.tracking import upload_artifact
+        path, writer = self.output_dir / relative, self.writer
+        self.uploader.submit(lambda: writer.artifact(path, artifact_path), f"artifact {relative}")
 
-        path = self.output_dir / relative
-        self.uploader.submit(
-            lambda: upload_artifact(self.client, self.run_id, path, artifact_path), f"artifact {relative}"
-        )
-
-    def _model(self, request: dict[str, Any]) -> None:
+    def _model(self, request: messages.Model) -> None:
         """Build the MLflow model of the final weights into ``OUTPUT_DIR/mlflow_model`` and upload
-        it as the run's logged model; reply ``model``."""
+        it as the run's logged model; reply ``ModelWritten``."""
         from runjob.errors import RunjobError, describe
 
         if self.prewarmed is not None:
@@ -331,102 +360,82 @@ class _Recording:
         try:
             folder = _build_model(self.output_dir, request, self.host, notes)
         except RunjobError as error:
-            self.reply(model={"error": str(error)})
+            self.reply(messages.ModelWritten(error=str(error)))
             return
         except Exception as error:  # noqa: BLE001 - said in one line by the training process
-            self.reply(model={"error": f"could not write the MLflow model: {describe(error)}"})
+            self.reply(messages.ModelWritten(error=f"could not write the MLflow model: {describe(error)}"))
             return
-        self.reply(model={"folder": str(folder), "notes": notes})
+        self.reply(messages.ModelWritten(folder=str(folder), notes=tuple(notes)))
         if self.uploader is not None:
-            name = self.start.get("model_name") or "model"  # the job's name
+            name = (self.start.model_name if self.start is not None else "") or "model"  # the job's name
             self._upload(str(folder.relative_to(self.output_dir)), name)
 
     def finish(self) -> None:
-        """Send what is queued; reply ``ended``."""
-        from runjob.record.tracking import FINAL_UPLOAD_TIMEOUT_S
+        """Send what is queued; reply ``Ended``."""
+        from runjob.record.recorder import FINAL_UPLOAD_TIMEOUT_S
 
         if self.uploader is None:
-            self.reply(ended={"sent": True})
+            self.reply(messages.Ended(sent=True))
             return
-        self._submit_metrics(self.first_metrics.release() if self.first_metrics else [])
+        self._submit_metrics(self._headline_first([], release=True))
         sent = self.uploader.close(FINAL_UPLOAD_TIMEOUT_S)
-        self.reply(
-            ended={
-                "sent": sent,
-                "failure": self.uploader.failure,
-                "failed_at": self.uploader.failed_at,
-                "caught_up": self.caught_up,
-            }
-        )
+        self.reply(messages.Ended(sent, self.uploader.failure, self.uploader.failed_at, self.caught_up))
 
 
-def _open_run(start: dict[str, Any], uri: str) -> tuple[str, str]:
+def _open_run(first: messages.Start | messages.Join, uri: str) -> Any:
     """Create the run with its tags and params (or reopen a resumed one, or take the one another
-    machine's main process made); returns the run id and its experiment id."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Param, RunTag
+    machine's main process made); returns its :class:`runjob.record.mlflow_writer.RunWriter`."""
+    from runjob.record.mlflow_writer import RunWriter, connect
 
-    from runjob.record.tracking import bound_http_retries, experiment_id
-
-    bound_http_retries()
-    client = MlflowClient(tracking_uri=uri)
-    run_id = start.get("run_id")
-    if start.get("role") == "node":
-        return run_id, client.get_run(run_id).info.experiment_id
-    tags = start["tags"]
-    if run_id is None:
-        run = client.create_run(
-            experiment_id(client, start["experiment"]),
-            start_time=start["start_time"],
-            tags=tags,
-            run_name=start["run_name"],
-        )
-        run_id = run.info.run_id
+    client = connect(uri)
+    if isinstance(first, messages.Join):
+        return RunWriter(client, first.run_id)
+    if first.run_id is None:
+        writer = RunWriter.create(client, first.experiment, first.run_name, first.tags, first.start_time)
     else:
-        run = client.get_run(run_id)
-        client.update_run(run_id, status="RUNNING")
+        writer = RunWriter(client, first.run_id)
+        writer.reopen()
     try:
-        client.log_batch(run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-        if start.get("log_params"):  # a resumed run logged its params when it began; changes are in the tags
-            items = [Param(k, v) for k, v in start["params"].items()]
-            for first in range(0, len(items), 100):  # MLflow takes 100 params a call
-                client.log_batch(run_id, params=items[first : first + 100])
+        writer.tags(first.tags)
+        if first.log_params:  # a resumed run logged its params when it began; changes are in the tags
+            writer.params(first.params)
     except Exception:
         try:
-            client.set_terminated(run_id, "FAILED")
+            writer.terminate("FAILED")
         except Exception:  # noqa: BLE001 - already reporting the error that matters
             pass
         raise
-    return run_id, run.info.experiment_id
+    return writer
 
 
-def _build_model(output_dir: Path, request: dict[str, Any], host: Any = None, notes: list[str] | None = None) -> Path:
+def _build_model(output_dir: Path, request: messages.Model, host: Any = None, notes: list[str] | None = None) -> Path:
     """The run's job rebuilt from its ``job.toml`` (with the plugins the run had), its example
     input loaded, and the MLflow model written (record.model_logging)."""
     from runjob.host.plugin_host import load_plugins
     from runjob.job.validation import load_resolved
     from runjob.record.model_logging import save_mlflow_model
 
-    host = host or load_plugins(request.get("disabled") or {})
+    host = host or load_plugins(request.disabled)
     job = load_resolved(output_dir / "job.toml", [], host)
     example = None
-    if request.get("example"):
+    if request.example:
         import torch
 
-        example = torch.load(request["example"], weights_only=True)
-    return save_mlflow_model(job, output_dir, example, host, request.get("prediction"), notes)
+        example = torch.load(request.example, weights_only=True)
+    return save_mlflow_model(job, output_dir, example, host, request.prediction, notes)
 
 
-def serve(inbox: queue.Queue, answer: Callable[[dict[str, Any]], None]) -> None:
-    """Record what arrives in ``inbox`` (messages, then None at the end), answering through ``answer``."""
+def serve(inbox: queue.Queue, answer: Callable[[messages.Reply], None]) -> None:
+    """Record what arrives in ``inbox`` (a ``Start`` or ``Join``, messages, then ``Close``),
+    answering through ``answer``."""
     first = inbox.get()
-    if not first or "start" not in first:
+    if not isinstance(first, messages.Start | messages.Join):
         return
     recording = _Recording(answer)
-    if not recording.begin(first["start"]):
+    if not recording.begin(first):
         return
     recording.prewarm()
-    while (message := inbox.get()) is not None:
+    while not isinstance(message := inbox.get(), messages.Close):
         recording.handle(message)
     recording.finish()
 
@@ -442,16 +451,17 @@ def main() -> int:
     def read() -> None:
         for line in sys.stdin:
             try:
-                message = json.loads(line)
-            except ValueError:
+                message = messages.decode(line)
+            except ValueError as error:  # a bug on one side: said, and the rest still read
+                print(f"runjob recording process: {error}", file=sys.stderr)
                 continue
-            if "close" in message:
+            if isinstance(message, messages.Close):
                 break
             inbox.put(message)
-        inbox.put(None)
+        inbox.put(messages.Close())
 
-    def answer(message: dict[str, Any]) -> None:
-        replies.write(json.dumps(message) + "\n")
+    def answer(message: messages.Reply) -> None:
+        replies.write(messages.encode(message) + "\n")
         replies.flush()
 
     threading.Thread(target=read, name="runjob-mirror-inbox", daemon=True).start()

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from runjob.job.jobfile import parse_override_value, split_dotted
 from runjob.job.redaction import redact_override, redact_tables
-from runjob.record.tracking import flatten
+from runjob.record.local import flatten
 
 if TYPE_CHECKING:
     from runjob.job.validation import ResolvedJob

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.job.redaction import redact_tables
-from runjob.record.tracking import flatten
+from runjob.record.local import flatten
 
 
 def job_sources(job: Any) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ def open_store(uri: str):
     silently create an empty one, and every query would then find nothing)."""
     from mlflow import MlflowClient
 
-    from runjob.record.tracking import check_reachable, sqlite_path
+    from runjob.record.uri import check_reachable, sqlite_path
 
     check_reachable(uri, "--tracking-uri or $MLFLOW_TRACKING_URI")
     path = sqlite_path(uri)

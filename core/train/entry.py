@@ -48,7 +48,7 @@ def run(
     host: PluginHost | None = None,
     job: ResolvedJob | None = None,
     disabled_plugins: Mapping[str, str] | None = None,
-    recording: Recording = "process",
+    recording: Recording | None = None,
 ) -> RunOutcome:
     """Train the job in ``job_file`` with ``overrides`` (``"table.key=value"`` texts, applied in
     order); see the module docstring.
@@ -60,7 +60,8 @@ def run(
     ``$MLFLOW_TRACKING_URI``, else MLflow's default). ``host``: loaded plugins to reuse. ``job``:
     the job already resolved from ``job_file`` and ``overrides``. ``disabled_plugins``: entry-point
     names not to load (name -> what left it out; default ``$RUNJOB_DISABLE_PLUGINS``).
-    ``recording``: where the MLflow recording runs (:data:`runjob.train.request.Recording`).
+    ``recording``: where the MLflow recording runs, ``"process"`` or ``"thread"``; by default a
+    process, or a thread where this process has imported MLflow already (a notebook, a test).
     """
     from runjob.host.plugin_host import disabled_plugins as default_disabled
     from runjob.host.plugin_host import load_plugins
@@ -79,7 +80,9 @@ def run(
     asked = Resume.parse(resume, job.train.resume)
     worker = is_worker()
     folder = output_folder(job.job.name, Path(output_dir) if output_dir is not None else None, asked, worker)
-    request = RunRequest(job, folder, asked, tags, tracking_uri, disabled, recording)
+    from runjob.record.mirror import choose
+
+    request = RunRequest(job, folder, asked, tags, tracking_uri, disabled, choose(recording))
     launch = job.launch
     if worker:
         check_launched_as_asked(launch)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError
+from runjob.record.mlflow_writer import close_failed_run
 from runjob.record.store import environment
-from runjob.record.tracking import close_failed_run
 
 
 def launched_processes() -> int:

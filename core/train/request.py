@@ -10,14 +10,11 @@ from typing import TYPE_CHECKING, Literal
 
 from runjob.errors import RunjobError
 from runjob.host.run_folder import RunFolder
+from runjob.record.messages import Recording
 from runjob.train.checkpoints import AUTO, AUTO_NEEDS_FOLDER
 
 if TYPE_CHECKING:
     from runjob.job.validation import ResolvedJob
-
-Recording = Literal["process", "thread"]
-"""Where the main process's MLflow recording runs: its own process (the default: training never
-imports MLflow) or a thread of the training process (the test kit, where MLflow is imported anyway)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +64,9 @@ class RunRequest:
     tracking_uri: str | None = None
     disabled_plugins: Mapping[str, str] = field(default_factory=dict)
     recording: Recording = "process"
+    """Where the main process's MLflow recording runs: a process of its own (training never imports
+    MLflow) or a thread of the training process (where MLflow is imported anyway: a notebook, a
+    test). Always one of the two: :func:`runjob.run` decides once."""
 
 
 def output_folder(job_name: str, output_dir: Path | None, resume: Resume, launched: bool = False) -> Path:

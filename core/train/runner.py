@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
 
@@ -38,8 +38,9 @@ from runjob.record import logfile
 from runjob.record.logfile import LibraryLog
 from runjob.record.naming import recorded_params, run_name
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
+from runjob.record.recorder import MainRecorder, NodeRecorder, Recorder, recorder_for
 from runjob.record.system_metrics import SystemMetricsSampler
-from runjob.record.tracking import HTTP_DEFAULTS, Recorder, default_experiment, resolve_tracking_uri
+from runjob.record.uri import HTTP_DEFAULTS, default_experiment, resolve_tracking_uri
 from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
 from runjob.train.checkpoints import (
     Position,
@@ -54,7 +55,7 @@ from runjob.train.checkpoints import (
 )
 from runjob.train.entry import SWEEP_TRIAL_TAG, RunOutcome
 from runjob.train.loop import Schedule, StopRequest, TrainingLoop, plan_schedule
-from runjob.train.request import Resume, RunRequest
+from runjob.train.request import Recording, Resume, RunRequest
 from runjob.train.stopping import StopSignals, say, signal_name
 
 
@@ -215,7 +216,7 @@ def _session(request: RunRequest, host: PluginHost, stop: StopRequest) -> RunOut
     system metrics) -> build (data, model, optimizer, loaders) -> fit (the loop, its events) ->
     finish (final weights, the MLflow model, RUN_END, the record closed)."""
     job = request.job
-    _prestart_recording(job)
+    _prestart_recording(job, request.recording)
     prepared = _prepare(request)
     recorder = _start_record(request, host, prepared)
     sampler = _system_metrics(job, recorder, prepared.accelerator, "main")  # from the start: data loading shows
@@ -226,7 +227,7 @@ def _session(request: RunRequest, host: PluginHost, stop: StopRequest) -> RunOut
     began = time.monotonic()
     try:
         built = _build(job, accelerator, recorder, resuming=prepared.checkpoint is not None)
-        run_id = _open_record(recorder, accelerator, job)
+        run_id = _open_record(recorder, accelerator, job, request.recording)
         _say_start(job, accelerator, recorder, run_id, prepared.checkpoint)
         sampler = sampler or _system_metrics(job, recorder, accelerator, "node")
         recorder.log_input(dataset_lineage(job, built.splits), "training")
@@ -300,7 +301,7 @@ def _system_metrics(job: ResolvedJob, recorder: Recorder, accelerator: Any, role
     interval = job.tracking.system_metrics_interval
     if interval is None:  # GPU runs: utilisation and memory earn their place; a CPU run's would crowd its own
         interval = SYSTEM_METRICS_ON_GPU if accelerator.device.type == "cuda" else 0.0
-    if not interval or recorder.role != role:
+    if not interval or not isinstance(recorder, MainRecorder if role == "main" else NodeRecorder):
         return None
     start = recorder.record.start_time if role == "main" else recorder.start_ms
     sampler = SystemMetricsSampler(recorder.log_metrics, interval, job.launch.machine_rank, start)
@@ -406,19 +407,19 @@ def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: Train
     return lines
 
 
-def _prestart_recording(job: ResolvedJob) -> None:
+def _prestart_recording(job: ResolvedJob, recording: Recording) -> None:
     """Start the recording process before torch is imported, where this process will record
-    (the main process; another machine's first, for its system metrics): its MLflow import then
-    overlaps this process's."""
+    (the main process; another machine's first, for its system metrics) in a process of its own:
+    its MLflow import then overlaps this process's."""
     from runjob.record import mirror
 
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     records = rank == 0 and (not job.tracking.offline or job.tracking.log_model != "none")
     if records or (local_rank == 0 and not job.tracking.offline):
-        mirror.prestart()
+        mirror.prestart(recording)
 
 
-def _recording_role(accelerator: Any) -> str:
+def _recording_role(accelerator: Any) -> Literal["main", "node", "none"]:
     """The main process records the run; the first process of each other machine, its system metrics."""
     if accelerator.is_main_process:
         return "main"
@@ -430,7 +431,7 @@ def _start_record(request: RunRequest, host: PluginHost, prepared: Prepared) -> 
     meanwhile (:func:`_open_record` waits for it)."""
     job, accelerator, output_dir = request.job, prepared.accelerator, prepared.output_dir
     resuming, tags = prepared.checkpoint is not None, dict(request.tags)
-    recorder = Recorder(output_dir, role=_recording_role(accelerator), machine_rank=job.launch.machine_rank)
+    recorder = recorder_for(_recording_role(accelerator), output_dir, job.launch.machine_rank)
     recorder.start(
         tracking=job.tracking,
         experiment=default_experiment(job.tracking, job.job.name),
@@ -441,6 +442,7 @@ def _start_record(request: RunRequest, host: PluginHost, prepared: Prepared) -> 
         resuming=resuming,
         disabled={d.name: d.by for d in host.disabled},
         model_name=job.job.name,  # MLflow's Models tab lists the models of every run by name
+        recording=request.recording,
     )
     if accelerator.is_main_process and not resuming:
         paths = RunFolder(output_dir)
@@ -452,7 +454,7 @@ def _start_record(request: RunRequest, host: PluginHost, prepared: Prepared) -> 
     return recorder
 
 
-def _open_record(recorder: Recorder, accelerator: Any, job: ResolvedJob) -> str | None:
+def _open_record(recorder: Recorder, accelerator: Any, job: ResolvedJob, recording: Recording) -> str | None:
     """Wait for the MLflow run (created beside the data and model) and tell the other machines
     which run it is; returns its id."""
     recorder.opened()
@@ -462,7 +464,7 @@ def _open_record(recorder: Recorder, accelerator: Any, job: ResolvedJob) -> str 
 
         shared = broadcast_object_list(shared)
     recorder.run_id, recorder.start_ms = shared[0], shared[2]
-    recorder.join(shared[0], shared[1], job.tracking.offline)
+    recorder.join(shared[0], shared[1], job.tracking.offline, recording=recording)
     return recorder.run_id
 
 
@@ -554,7 +556,7 @@ def _auto_resume(accelerator: Any, output_dir: Path) -> bool:
     if complete_checkpoints(output_dir):
         return True
     if accelerator.is_main_process and RunFolder(output_dir).job_file.exists():
-        from runjob.record.tracking import close_abandoned_run
+        from runjob.record.mlflow_writer import close_abandoned_run
 
         kept = set_aside_attempt(output_dir)
         run_id = close_abandoned_run(kept, "killed before its first checkpoint; the same command started afresh")

@@ -24,7 +24,7 @@ from runjob.host.task import Task
 from runjob.job.validation import ResolvedJob, load_resolved
 from runjob.record.local import RunRecord
 from runjob.record.store import download_artifact, get_run, open_store, reading
-from runjob.record.tracking import resolve_tracking_uri
+from runjob.record.uri import resolve_tracking_uri
 
 OUTPUT_DIR_TAG = "runjob.output_dir"
 RUN_ID = re.compile(r"^[0-9a-fA-F]{8,64}$")

@@ -1,0 +1,116 @@
+"""A run a command records itself (``runjob evaluate``'s evaluation, ``runjob sweep``'s parent run),
+recorded as a training run is: its local record first, then MLflow.
+
+The folder gets the files a training run's output folder holds for its record (``mlflow_run.json``,
+``metrics.jsonl``, the artifacts it lists), so ``runjob sync FOLDER`` uploads whatever MLflow
+missed. Each part then goes to MLflow at once, through the one writer
+(:class:`runjob.record.mlflow_writer.RunWriter`); the first failure stops the writing (each later
+call would wait on retries too) and is noted as the record's ``unsynced``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import RunjobError, describe
+from runjob.record.local import METRICS_FILE, MetricsWriter, RunRecord, now_ms
+from runjob.record.messages import Point
+
+
+class CommandRun:
+    """One run recorded by a command: :meth:`begin`, the ``log_*`` calls, :meth:`end`."""
+
+    def __init__(self, folder: Path, record: RunRecord) -> None:
+        self.folder = Path(folder)
+        self.record = record
+        self.writer: Any = None  # its mlflow_writer.RunWriter once MLflow has the run
+        self.failure: str | None = None  # what MLflow did not take first, and why
+        self.error: BaseException | None = None  # the error that said so
+
+    @classmethod
+    def begin(
+        cls,
+        folder: Path,
+        uri: str,
+        experiment: str,
+        run_name: str,
+        params: dict[str, str],
+        tags: dict[str, str],
+        setting: str = "tracking.uri",
+    ) -> CommandRun:
+        """Write the record of a new run into ``folder`` (made when missing), then create it in
+        the MLflow at ``uri`` (named ``setting`` in messages) with its params and tags."""
+        folder.mkdir(parents=True, exist_ok=True)
+        record = RunRecord(
+            tracking_uri=uri, experiment=experiment, run_name=run_name, start_time=now_ms(), params=params, tags=tags
+        )
+        record.write(folder)
+        run = cls(folder, record)
+        run._send("the run's creation", lambda: run._create(uri, setting))
+        return run
+
+    def _create(self, uri: str, setting: str) -> None:
+        from runjob.record.mlflow_writer import RunWriter, connect
+        from runjob.record.uri import check_reachable
+
+        check_reachable(uri, setting)
+        record = self.record
+        self.writer = RunWriter.create(connect(uri), record.experiment, record.run_name, record.tags, record.start_time)
+        record.run_id = self.writer.run_id
+        record.write(self.folder)  # before the params: a failure after this is synced into this run
+        self.writer.params(record.params)
+
+    @property
+    def run_id(self) -> str | None:
+        return self.record.run_id
+
+    @property
+    def online(self) -> bool:
+        """Whether MLflow has taken everything so far."""
+        return self.writer is not None and self.failure is None
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        """Record ``metrics`` at ``step``: a line each in ``metrics.jsonl``, then to MLflow."""
+        stamp = now_ms()
+        writer = MetricsWriter(self.folder / METRICS_FILE)
+        try:
+            writer.write(metrics, step, stamp)
+        finally:
+            writer.close()
+        points = [Point(key, float(value), step, stamp) for key, value in metrics.items()]
+        self._send(f"metrics of step {step}", lambda: self.writer.metrics(points))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        tags = {str(k): str(v) for k, v in tags.items()}
+        self.record.tags.update(tags)
+        self.record.write(self.folder)
+        self._send("tags", lambda: self.writer.tags(tags))
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Record the file or folder ``path`` (inside the folder) as an artifact; sent again
+        whole when it changed since (the same file logged twice replaces MLflow's copy)."""
+        relative = str(Path(path).relative_to(self.folder))
+        if self.record.add_artifact(relative, artifact_path):
+            self.record.write(self.folder)
+        self._send(f"artifact {relative}", lambda: self.writer.artifact(Path(path), artifact_path))
+
+    def end(self, status: str) -> None:
+        """Close the run as FINISHED, FAILED or KILLED, locally, then in MLflow."""
+        self.record.status, self.record.end_time = status, now_ms()
+        self.record.write(self.folder)
+        end_time = self.record.end_time
+        self._send("the run's end", lambda: self.writer.terminate(status, end_time))
+
+    def _send(self, what: str, call: Callable[[], Any]) -> None:
+        """``call`` to MLflow, unless something failed before; a failure is noted, not raised."""
+        if self.failure is not None:
+            return
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 - the local record has it; `runjob sync` sends it later
+            text = str(error) if isinstance(error, RunjobError) else describe(error)
+            self.failure, self.error = f"{what}: {text[:500]}", error
+            self.record.unsynced = self.failure
+            self.record.write(self.folder)

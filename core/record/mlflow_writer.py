@@ -1,0 +1,340 @@
+"""The one writer of runs to MLflow: a run's creation, params (100 a call), tags, metric points
+(1,000 a call), dataset inputs, artifacts, the logged model, its end.
+
+Every writer of a run goes through :class:`RunWriter`: the recording process
+(:mod:`runjob.record.mirror`, through the :class:`Uploader` thread), ``runjob sync``
+(:mod:`runjob.record.sync`), a failed or abandoned run's closing (:func:`close_failed_run`,
+:func:`close_abandoned_run`), and the runs commands record (an evaluation, a sweep's parent:
+:mod:`runjob.record.command_run`). Each of them writes the local record first, so what MLflow
+misses ``runjob sync`` sends later. MLflow is imported only when a run is written.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import TrackingError, describe
+from runjob.record.local import RunRecord, now_ms, read_metric_points
+from runjob.record.messages import Point
+from runjob.record.model_logging import MODEL_FOLDER
+from runjob.record.uri import bound_http_retries
+
+PARAMS_PER_CALL = 100  # MLflow's limit for one log_batch's params (and tags)
+METRICS_PER_CALL = 1000  # MLflow's limit for one log_batch's metrics
+MODEL_ARTIFACT = "model"  # a run's logged model's name when none is given (before models were named after their job)
+FINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
+
+
+def connect(uri: str | None) -> Any:
+    """An ``MlflowClient`` for ``uri`` (None: MLflow's default), MLflow's HTTP retries bounded
+    (``uri.HTTP_DEFAULTS``)."""
+    from mlflow import MlflowClient
+
+    bound_http_retries()
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(client: Any, name: str) -> str:
+    """The id of experiment ``name``, created when missing (another process may create it first)."""
+    experiment = client.get_experiment_by_name(name)
+    if experiment is not None:
+        if experiment.lifecycle_stage == "deleted":
+            raise TrackingError(
+                f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or choose another "
+                "tracking.experiment"
+            )
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:  # noqa: BLE001 - lost a race with another process: read theirs
+        experiment = client.get_experiment_by_name(name)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+class RunWriter:
+    """One MLflow run, written: every call a run's record makes, with MLflow's limits kept."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+
+    @classmethod
+    def create(
+        cls, client: Any, experiment: str, run_name: str, tags: dict[str, str], start_time: int | None = None
+    ) -> RunWriter:
+        """A new run in experiment ``experiment`` (created when missing), with ``tags``."""
+        run = client.create_run(experiment_id(client, experiment), start_time=start_time, tags=tags, run_name=run_name)
+        return cls(client, run.info.run_id)
+
+    def experiment_id(self) -> str:
+        return self.client.get_run(self.run_id).info.experiment_id
+
+    def status(self) -> str:
+        return self.client.get_run(self.run_id).info.status
+
+    def reopen(self) -> None:
+        """A resumed run: RUNNING again."""
+        self.client.update_run(self.run_id, status="RUNNING")
+
+    def params(self, params: dict[str, str]) -> int:
+        """Log ``params``, 100 a call; returns how many."""
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for first in range(0, len(items), PARAMS_PER_CALL):
+            self.client.log_batch(self.run_id, params=items[first : first + PARAMS_PER_CALL])
+        return len(items)
+
+    def tags(self, tags: dict[str, str]) -> int:
+        """Set ``tags``, 100 a call; returns how many."""
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, str(v)) for k, v in tags.items()]
+        for first in range(0, len(items), PARAMS_PER_CALL):
+            self.client.log_batch(self.run_id, tags=items[first : first + PARAMS_PER_CALL])
+        return len(items)
+
+    def metrics(self, points: Iterable[Point]) -> int:
+        """Log metric ``points`` in order, 1,000 a call; returns how many."""
+        items = metric_entities(points)
+        for first in range(0, len(items), METRICS_PER_CALL):
+            self.client.log_batch(self.run_id, metrics=items[first : first + METRICS_PER_CALL])
+        return len(items)
+
+    def inputs(self, entries: list[dict[str, Any]]) -> None:
+        log_inputs(self.client, self.run_id, entries)
+
+    def artifact(self, path: Path, artifact_path: str | None) -> None:
+        upload_artifact(self.client, self.run_id, path, artifact_path)
+
+    def terminate(self, status: str, end_time: int | None = None) -> None:
+        self.client.set_terminated(self.run_id, status, end_time)
+
+    def missing_points(self, points: list[Point]) -> list[Point]:
+        """The ``points`` this run does not have, in their order: a point is the same one when its
+        key, step, timestamp and value are."""
+
+        def same(p: Any) -> tuple[str, int, int, float | str]:
+            value = float(p.value)
+            return p.key, int(p.step), int(p.timestamp), "nan" if math.isnan(value) else value
+
+        present: set[tuple[str, int, int, float | str]] = set()
+        for key in dict.fromkeys(p.key for p in points):
+            present.update(same(m) for m in self.client.get_metric_history(self.run_id, key))
+        return [p for p in points if same(p) not in present]
+
+    def send_record(self, output_dir: Path, record: RunRecord, catching_up: bool = False) -> dict[str, int]:
+        """Send this run what the local record in ``output_dir`` holds and it lacks: params, tags,
+        dataset inputs (MLflow keeps one copy of each), the metric points it does not have (the
+        headline metrics first: mlflow ui's compare view opens on a run's first metric), the
+        artifacts. ``catching_up``: a resumed run's recording process making up for the points its
+        killed predecessor had not sent; it leaves out the MLflow model (the resumed run logs its
+        own). The artifacts are sent again whole (MLflow cannot say whether its copy is the latest:
+        a best model re-logged under one name keeps its size). Returns how many of each were sent."""
+        from runjob.record.naming import headline_first, headline_metrics
+
+        params = self.params(record.params)
+        tags = self.tags(record.tags)
+        if record.inputs:
+            self.inputs(record.inputs)
+        local = headline_first(read_metric_points(output_dir), headline_metrics(record.params, record.tags))
+        metrics = self.metrics(self.missing_points([Point.of(p) for p in local]))
+        artifacts = [a for a in record.artifacts if (output_dir / a["path"]).exists()]
+        if catching_up:
+            artifacts = [a for a in artifacts if a["path"] != MODEL_FOLDER]
+        for artifact in artifacts:
+            self.artifact(output_dir / str(artifact["path"]), artifact["artifact_path"])
+        return {"params": params, "tags": tags, "metrics": metrics, "artifacts": len(artifacts)}
+
+
+def metric_entities(points: Iterable[Point]) -> list[Any]:
+    """MLflow ``Metric``\\ s of ``points``."""
+    from mlflow.entities import Metric
+
+    return [Metric(p.key, float(p.value), int(p.timestamp), int(p.step)) for p in points]
+
+
+def upload_artifact(client: Any, run_id: str, path: Path, artifact_path: str | None) -> None:
+    """Upload a file or a folder's contents as an artifact of ``run_id``; the run's MLflow model
+    folder (``mlflow_model``) becomes the run's logged model instead, named ``artifact_path``
+    (:func:`log_logged_model`)."""
+    if (path / "MLmodel").is_file() and (path.name == MODEL_FOLDER or artifact_path == MODEL_ARTIFACT):
+        log_logged_model(client, run_id, path, artifact_path or MODEL_ARTIFACT)
+        return
+    if path.is_dir():
+        client.log_artifacts(run_id, str(path), artifact_path)
+    else:
+        client.log_artifact(run_id, str(path), artifact_path)
+
+
+def log_logged_model(client: Any, run_id: str, folder: Path, name: str = MODEL_ARTIFACT) -> str:
+    """The MLflow model in ``folder`` as a logged model called ``name`` (the job's name) of
+    ``run_id``: MLflow 3 lists it under the run's models (and the experiment's Models tab), and
+    ``runs:/ID/<name>`` loads it. Its files are stored once, in the model's own artifact location.
+    A run that has one already (``runjob sync`` again) keeps it. Returns the model id."""
+    from mlflow.entities import LoggedModelOutput
+
+    experiment = client.get_run(run_id).info.experiment_id
+    found = client.search_logged_models(
+        [experiment], filter_string=f"source_run_id = '{run_id}' AND name = '{name}'", max_results=1
+    )
+    if found:
+        return found[0].model_id
+    model = client.create_logged_model(experiment, name=name, source_run_id=run_id, model_type="pytorch")
+    client.log_model_artifacts(model.model_id, str(folder))
+    client.finalize_logged_model(model.model_id, "READY")
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])
+    return model.model_id
+
+
+def log_inputs(client: Any, run_id: str, entries: list[dict[str, Any]]) -> None:
+    """Log recorded dataset lineage entries as MLflow dataset inputs."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = [
+        DatasetInput(
+            Dataset(
+                name=e["name"],
+                digest=e["digest"],
+                source_type=e["source_type"],
+                source=e["source"],
+                profile=e.get("profile"),
+            ),
+            tags=[InputTag("mlflow.data.context", e["context"])],
+        )
+        for e in entries
+    ]
+    client.log_inputs(run_id, datasets=inputs)
+
+
+class Uploader:
+    """One background thread that sends queued MLflow calls in order. Metric points waiting in the
+    queue are sent together, in one ``log_batch`` of up to 1,000, at most once every
+    ``METRICS_INTERVAL_S`` (logging every step then costs one call a second, not one a step).
+    After the first failure it stops sending (each later call would wait on retries too) and
+    remembers why; the local record holds everything, and ``runjob sync`` sends it later."""
+
+    METRICS_INTERVAL_S = 1.0
+    METRICS_PER_CALL = METRICS_PER_CALL
+
+    def __init__(self, send_metrics: Callable[[list[Any]], Any]) -> None:
+        self.failure: str | None = None
+        self.failed_at: str | None = None
+        self._send_metrics = send_metrics
+        self._last_metrics_sent = 0.0
+        self._calls: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._send, name="runjob-mlflow-upload", daemon=True)
+        self._thread.start()
+
+    def submit(self, call: Callable[[], Any], what: str) -> None:
+        self._calls.put(("call", call, what))
+
+    def submit_metrics(self, metrics: list[Any], step: int) -> None:
+        self._calls.put(("metrics", metrics, f"metrics of step {step}"))
+
+    def _send(self) -> None:
+        pending: list[tuple[str, Any, str]] = []
+        while True:
+            if not pending:
+                pending.append(self._calls.get())
+            if pending[0][0] == "metrics":  # let more points gather, until the interval is up or the end comes
+                deadline = self._last_metrics_sent + self.METRICS_INTERVAL_S
+                while not self._closing(pending) and (wait := deadline - time.monotonic()) > 0:
+                    try:
+                        pending.append(self._calls.get(timeout=wait))
+                    except queue.Empty:
+                        break
+            pending.extend(self._drain())
+            kind, payload, what = pending.pop(0)
+            if kind == "close":
+                return
+            if kind == "metrics":
+                while pending and pending[0][0] == "metrics" and len(payload) < self.METRICS_PER_CALL:
+                    _, more, what = pending.pop(0)
+                    payload = payload + more
+                self._attempt(lambda payload=payload: self._send_metrics(payload[: self.METRICS_PER_CALL]), what)
+                if len(payload) > self.METRICS_PER_CALL:
+                    pending.insert(0, ("metrics", payload[self.METRICS_PER_CALL :], what))
+                self._last_metrics_sent = time.monotonic()
+            else:
+                self._attempt(payload, what)
+
+    def _drain(self) -> list[tuple[str, Any, str]]:
+        items = []
+        while True:
+            try:
+                items.append(self._calls.get_nowait())
+            except queue.Empty:
+                return items
+
+    def _closing(self, pending: list[tuple[str, Any, str]]) -> bool:
+        return any(kind == "close" for kind, _, _ in pending) or any(
+            item[0] == "close" for item in list(self._calls.queue)
+        )
+
+    def _attempt(self, call: Callable[[], Any], what: str) -> None:
+        if self.failure is not None:
+            return
+        try:
+            call()
+        except Exception as error:  # noqa: BLE001 - recorded, reported at the end of the run
+            self.failure = describe(error)[:500]
+            self.failed_at = what
+
+    def close(self, timeout: float) -> bool:
+        """Send what is queued (waiting at most ``timeout`` s); true when it all went."""
+        self._calls.put(("close", None, "close"))
+        self._thread.join(timeout)
+        return self.failure is None and not self._thread.is_alive()
+
+
+def close_failed_run(output_dir: Path, reason: str) -> None:
+    """After a worker failed: note which (``reason``) on the job's run, and mark the run FAILED
+    where rank 0 could not end it (it was stopped too). A run rank 0 finished stays FINISHED. The
+    local record says the same as MLflow, so ``runjob sync`` agrees with it."""
+    _close_run(output_dir, "FAILED", {"runjob.worker_failure": reason}, {"runjob.error": reason})
+
+
+def close_abandoned_run(output_dir: Path, reason: str) -> str | None:
+    """A run left RUNNING by a process that was killed (SIGKILL) before its first checkpoint, and
+    that nothing can continue: mark it KILLED with ``reason`` as the tag ``runjob.abandoned``, in
+    the local record and in MLflow. Returns its MLflow run id (None when there is no record)."""
+    return _close_run(output_dir, "KILLED", {}, {"runjob.abandoned": reason})
+
+
+def _close_run(output_dir: Path, status: str, tags: dict[str, str], if_open: dict[str, str]) -> str | None:
+    """Set ``tags`` on the run recorded in ``output_dir``; where it is still open (RUNNING, or
+    KILLED for FAILED), also ``if_open`` and ``status``: locally, then in MLflow."""
+    record = RunRecord.read(output_dir)
+    if record is None:
+        return None
+    open_states = ("RUNNING", "KILLED") if status == "FAILED" else ("RUNNING",)
+    record.tags.update(tags)
+    if record.status in open_states:
+        record.tags.update(if_open)
+        record.status, record.end_time = status, now_ms()
+    record.write(output_dir)
+    if record.run_id is None or record.offline:
+        return record.run_id
+    try:
+        writer = RunWriter(connect(record.tracking_uri), record.run_id)
+        writer.tags(tags)
+        if writer.status() in open_states:
+            writer.tags(if_open)
+            writer.terminate(status)
+    except Exception as error:  # noqa: BLE001 - the local record has it; sync sends it later
+        print(
+            f"runjob: could not mark MLflow run {record.run_id} {status} ({describe(error)}); "
+            f"`runjob sync {output_dir}` sends what the local record says",
+            file=sys.stderr,
+        )
+    return record.run_id

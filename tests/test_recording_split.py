@@ -1,0 +1,244 @@
+"""The record split by side: the training side's recorder by role as a type, used in its order;
+the pipe's messages as typed records; the recording process chosen explicitly and exercised here,
+in this process; and the runs commands record themselves (an evaluation, a sweep's parent) written
+locally first, so `runjob sync` restores what MLflow missed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from helpers import SMALL_DIGITS
+
+from runjob.record import messages
+from runjob.record.recorder import (
+    MainRecorder,
+    NodeRecorder,
+    NoRecorder,
+    Recorder,
+    RecorderStateError,
+    recorder_for,
+)
+from runjob.testing import MlflowRun, free_port, running_mlflow_server
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_the_recorder_of_a_role_is_a_type_and_the_old_constructor_still_makes_it(tmp_path):
+    for role, kind in (("main", MainRecorder), ("node", NodeRecorder), ("none", NoRecorder)):
+        made = Recorder(tmp_path, role=role, machine_rank=1)
+        assert type(made) is kind and isinstance(made, Recorder) and made.role == role
+        assert type(recorder_for(role, tmp_path, 1)) is kind
+    assert type(Recorder(tmp_path)) is MainRecorder, "role defaults to main, as before"
+    assert Recorder(tmp_path, "main").active and not Recorder(tmp_path, "node").active
+    with pytest.raises(ValueError, match="recorder role 'worker': expected one of main, node, none"):
+        Recorder(tmp_path, role="worker")
+    with pytest.raises(ValueError, match="NodeRecorder: role 'main'"):
+        NodeRecorder(tmp_path, role="main")
+
+
+def test_no_recorder_does_nothing_and_misuse_of_the_others_is_an_error(tmp_path):
+    nothing = NoRecorder(tmp_path)
+    nothing.start(tracking=None, experiment="x", run_name="x", params={}, tags={})
+    nothing.log_metrics({"a": 1.0}, 1)
+    nothing.set_tags({"a": "b"})
+    nothing.end("FINISHED")
+    assert list(tmp_path.iterdir()) == [], "a process that records nothing writes nothing"
+
+    main = MainRecorder(tmp_path)
+    with pytest.raises(RecorderStateError, match=r"MainRecorder.log_metrics: called before start\(\)"):
+        main.log_metrics({"a": 1.0}, 1)
+    with pytest.raises(RecorderStateError, match=r"MainRecorder.end: called before start\(\)"):
+        main.end("FINISHED")
+    tracking = SimpleNamespace(offline=True, log_model="none")
+    main.start(tracking=tracking, experiment="x", run_name="x", params={}, tags={})
+    with pytest.raises(RecorderStateError, match="called twice"):
+        main.start(tracking=tracking, experiment="x", run_name="x", params={}, tags={})
+    main.log_metrics({"a": 1.0}, 1)
+    main.end("FINISHED")
+    with pytest.raises(RecorderStateError, match=r"MainRecorder.set_tags: called after end\(\)"):
+        main.set_tags({"late": "1"})
+
+    node = NodeRecorder(tmp_path / "node", machine_rank=2)
+    with pytest.raises(RecorderStateError, match=r"NodeRecorder.log_metrics at step 3: before join\(\)"):
+        node.log_metrics({"system/cpu": 1.0}, 3)
+    node.join(None, None, offline=True)
+    node.log_metrics({"system/cpu": 1.0}, 3)
+    node.end("FINISHED")
+    assert (tmp_path / "node" / "metrics.node2.jsonl").read_text().count("system/cpu") == 1
+
+
+def test_every_message_survives_the_pipe_and_a_wrong_one_names_its_kind():
+    point = messages.Point("train/loss", 0.5, 3, 1000)
+    said = [
+        messages.Start("out", None, False, None, "e", "r", 1, {"t": "1"}, {"p": "2"}, True, "weights", "job", {}),
+        messages.Join("out", "http://h", "abc"),
+        messages.Metrics((point,)),
+        messages.Tags({"a": "b"}),
+        messages.Artifact("record/job.toml", None),
+        messages.Input({"name": "digits", "context": "training"}),
+        messages.Model("", {}, None),
+        messages.End("FINISHED", 2),
+        messages.Close(),
+        messages.Started("abc", "sqlite:///m.db", "1", "sqlite:///m.db"),
+        messages.Refused("no"),
+        messages.ModelWritten(folder="mlflow_model", notes=("a note",)),
+        messages.Ended(True, None, None, True),
+    ]
+    for message in said:
+        assert messages.decode(messages.encode(message)) == message
+    with pytest.raises(ValueError, match=r"tags message: fields \['tag'\], expected \['tags'\]"):
+        messages.decode(json.dumps({"kind": "tags", "tag": {}}))
+    with pytest.raises(ValueError, match="no known kind"):
+        messages.decode(json.dumps({"metrics": []}))
+
+
+def test_the_recording_process_records_a_complete_run_when_chosen_in_a_process_that_imported_mlflow(runjob_tester):
+    """MLflow is imported here, so no choice would mean a thread: "process" runs the production
+    recording process (``python -m runjob.record.mirror``) all the same."""
+    tester, out = runjob_tester, runjob_tester.path / "out"
+    (out / "record").mkdir(parents=True)
+    (out / "record" / "job.toml").write_text("[job]\nname = 'apart'\n")
+    recorder = Recorder(out, role="main")
+    recorder.start(
+        tracking=SimpleNamespace(offline=False, log_model="none"),
+        experiment="apart",
+        run_name="apart run",
+        params={"train.epochs": "2"},
+        tags={"runjob.device": "cpu"},
+        recording="process",
+    )
+    assert recorder._mirror.recording == "process" and recorder._mirror._proc is not None
+    run_id = recorder.opened()
+    recorder.log_artifact(out / "record" / "job.toml")
+    recorder.log_input({"name": "digits", "digest": "d1", "source_type": "local", "source": "here"}, "training")
+    for step in range(1, 6):
+        recorder.log_training_metrics({"train/loss": 1.0 / step, "lr": 0.1}, step)
+    recorder.set_tags({"runjob.stopped": "no"})
+    recorder.end("FINISHED")
+
+    run = tester.only_run("apart")
+    assert run.run_id == run_id and run.status == "FINISHED" and run.run_name == "apart run"
+    assert run.params == {"train.epochs": "2"}
+    assert run.tags["runjob.device"] == "cpu" and run.tags["runjob.stopped"] == "no"
+    assert run.history("train/loss") == [(s, 1.0 / s) for s in range(1, 6)]
+    assert run.artifacts() == {"job.toml"} and run.inputs[0].dataset.name == "digits"
+    record = tester.record(out).record
+    assert record["run_id"] == run_id and record["status"] == "FINISHED" and "unsynced" not in record
+
+
+def test_a_short_training_run_in_this_process_through_the_recording_process_is_complete(runjob_tester, monkeypatch):
+    """The runner chooses nothing yet: with the default's rule saying "process" here too, a run in
+    this process goes through the production recording process, and its MLflow run is whole."""
+    import psutil
+
+    from runjob.record import mirror
+
+    monkeypatch.setattr(mirror, "in_process", lambda: False)
+    spawned = []
+    real_spawn = mirror._spawn
+
+    def spawn():
+        process = real_spawn()
+        spawned.append(psutil.Process(process.pid).cmdline())
+        return process
+
+    monkeypatch.setattr(mirror, "_spawn", spawn)
+    tester = runjob_tester
+    tester.install_tiny_models()
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="inproc"))
+    done = tester.run("job.toml", "train.max_steps=3", "train.log_every=1", output_dir="out")
+    assert spawned and mirror.MODULE in " ".join(spawned[0])
+    run = tester.only_run("inproc")
+    assert done.exit_code == 0 and run.status == "FINISHED" and run.run_id == done.run_id
+    assert run.steps("train/loss") == [1, 2, 3] and run.params["train.max_steps"] == "3"
+    assert run.history("val/accuracy") == done.local_history("val/accuracy")
+    assert run.models() == {"inproc"}, "the MLflow model, written by the recording process"
+    assert "unsynced" not in done.record
+
+
+def _digits_job(tester, name: str, extra: str = ""):
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
+
+    tester.install_tiny_models()
+    path = tester.write_job("job.toml", SMALL_DIGITS.format(name=name) + extra)
+    return load_resolved(path, [], load_plugins())
+
+
+def test_an_evaluation_recorded_while_the_server_is_down_is_restored_by_sync(runjob_tester, empty_mlflow_db):
+    from runjob.commands.evaluate import record_evaluation
+    from runjob.errors import TrackingError
+
+    tester = runjob_tester
+    job = _digits_job(tester, "judged")
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    evaluated = SimpleNamespace(tracking_uri=uri, experiment=None, run_id="0123abc", output_dir=None, run_name="r1")
+    folder = tester.path / "evaluation"
+    args = argparse.Namespace(tracking_uri=None, split="val", overrides=[], output_dir=folder)
+    with pytest.raises(TrackingError) as refused:
+        record_evaluation(evaluated, job, args, {"val/accuracy": 0.75, "val/loss": 0.5})
+    assert f"evaluated and recorded in {folder}, but MLflow at {uri} did not take the evaluation" in str(refused.value)
+    assert f"`runjob sync {folder}` uploads it" in str(refused.value)
+    record = tester.record(folder).record
+    assert record["run_id"] is None and record["status"] == "FINISHED" and record["unsynced"]
+
+    with running_mlflow_server(tester.path / "server", port, empty_mlflow_db):
+        synced = tester.cli("sync", folder)
+        assert synced.returncode == 0, synced.stderr
+        run = MlflowRun.get(uri, tester.record(folder).run_id)
+        assert run.status == "FINISHED" and run.run_name == "evaluate val · r1"
+        assert run.metrics == {"val/accuracy": 0.75, "val/loss": 0.5}
+        assert run.tags["runjob.evaluated_from"] == "0123abc" and run.tags["runjob.evaluated_split"] == "val"
+        assert run.params["model.name"] == "tiny_cnn"
+    assert "unsynced" not in tester.record(folder).record
+
+
+def test_a_sweep_parent_mlflow_stopped_taking_is_restored_by_sync(runjob_tester, capsys):
+    from runjob.commands.sweep import ParentRun, Trial
+
+    tester = runjob_tester
+    job = _digits_job(tester, "swept", '[sweep]\n[sweep.parameters]\n"optimizer.lr" = [0.001, 0.1]\n')
+    folder = tester.path / "sweep"
+    parent = ParentRun.start(job, 2, {"runjob.sweep": "true"}, folder)
+    first = Trial(0, {"optimizer.lr": 0.001}, folder / "trial-000")
+    first.status, first.value, first.run_id = "finished", 0.5, "r0"
+    parent.log_trial(first, "val/accuracy")
+
+    class Gone:  # the server went away mid-sweep
+        def __getattr__(self, name):
+            raise ConnectionError("server gone")
+
+    parent.recorded.writer.client = Gone()
+    second = Trial(1, {"optimizer.lr": 0.1}, folder / "trial-001")
+    second.status, second.value, second.run_id = "finished", 0.75, "r1"
+    parent.log_trial(second, "val/accuracy")
+    parent.finish([first, second], second, "val/accuracy", "FINISHED", None)
+    assert f"upload it with `runjob sync {folder}`" in capsys.readouterr().err
+    assert tester.runs("swept")[0].status == "RUNNING", "MLflow has only the first part"
+
+    synced = tester.cli("sync", folder)
+    assert synced.returncode == 0, synced.stderr
+    (run,) = tester.runs("swept")
+    assert run.run_id == parent.run_id and run.status == "FINISHED" and run.run_name == "swept-sweep"
+    assert run.history("sweep/val/accuracy") == [(0, 0.5), (1, 0.75)]
+    assert run.metrics["best/val/accuracy"] == 0.75 and run.tags["runjob.sweep.best_trial"] == "1"
+    assert run.params["sweep.trials"] == "2" and run.artifacts() == {"job.toml", "trials.json"}
+    assert Path(folder / "record" / "job.toml").is_file()
+
+
+def test_a_sweep_whose_server_is_down_at_the_start_stops_and_leaves_no_record(runjob_tester):
+    from runjob.commands.sweep import ParentRun
+    from runjob.errors import TrackingError
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    extra = f'[tracking]\nuri = "{uri}"\n[sweep]\n[sweep.parameters]\n"optimizer.lr" = [0.001, 0.1]\n'
+    job = _digits_job(runjob_tester, "unswept", extra)
+    folder = runjob_tester.path / "sweep"
+    with pytest.raises(TrackingError, match=f"cannot reach the MLflow tracking server at {uri} \\(tracking.uri\\)"):
+        ParentRun.start(job, 2, {"runjob.sweep": "true"}, folder)
+    assert not (folder / "mlflow_run.json").exists(), "no sweep began: nothing for sync"
