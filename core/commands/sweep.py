@@ -28,6 +28,7 @@ from typing import Any
 from runjob.commands.table import render
 from runjob.errors import JobError, Problem, RunjobError, Terminated, TrackingError, describe
 from runjob.host.plugin_host import PluginHost
+from runjob.host.run_folder import RunFolder
 from runjob.job.jobfile import RawJob, apply_override
 from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
 from runjob.job.validation import ResolvedJob, resolve
@@ -332,7 +333,7 @@ class ParentRun:
             folder, uri, experiment, f"{job.job.name}-sweep", sweep_params(job.sweep, total), tags
         )
         if recorded.online:
-            job_file = folder / "record" / job.source.path.name
+            job_file = RunFolder(folder).record_dir / job.source.path.name
             job_file.parent.mkdir(exist_ok=True)
             job_file.write_text(_job_file_text(job), encoding="utf-8")
             recorded.log_artifact(job_file)

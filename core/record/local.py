@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from runjob.errors import RunjobError
+from runjob.host.run_folder import METRICS_FILE, METRICS_PATTERN, RUN_RECORD_FILE
 from runjob.job.keys import flat, value_text
 
-RUN_RECORD = "mlflow_run.json"
-METRICS_FILE = "metrics.jsonl"
+RUN_RECORD = RUN_RECORD_FILE
 MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
 
@@ -138,7 +138,7 @@ class MetricsWriter:
                 self._file = None
 
 
-def read_metric_points(output_dir: Path, pattern: str = "metrics*.jsonl") -> list[dict[str, Any]]:
+def read_metric_points(output_dir: Path, pattern: str = METRICS_PATTERN) -> list[dict[str, Any]]:
     """Every metric point in ``metrics.jsonl`` and the other machines' ``metrics.node<k>.jsonl``
     (``pattern`` chooses the files). A last line cut short by a crash is left out; a bad line
     before it is a one-line error naming the file and line."""

@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-LOG_FILE = "runjob.log"
+from runjob.host.run_folder import LOG_FILE
 
 LIBRARIES = {
     "mlflow": logging.INFO,

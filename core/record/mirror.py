@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runjob.host.run_folder import RunFolder
 from runjob.record import messages
 from runjob.record.messages import Recording
 
@@ -416,7 +417,7 @@ def _build_model(output_dir: Path, request: messages.Model, host: Any = None, no
     from runjob.record.model_logging import save_mlflow_model
 
     host = host or load_plugins(request.disabled)
-    job = load_resolved(output_dir / "job.toml", [], host)
+    job = load_resolved(RunFolder(output_dir).job_file, [], host)
     example = None
     if request.example:
         import torch

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import TrainingError, first_line
+from runjob.host.run_folder import MLFLOW_MODEL_DIR
 
-MODEL_FOLDER = "mlflow_model"
+MODEL_FOLDER = MLFLOW_MODEL_DIR
 
 
 def save_mlflow_model(

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import DataError, RunjobError, first_line
+from runjob.host.run_folder import PREDICTOR_FILE
 from runjob.host.task import generates
 
-PREDICTOR_FILE = "prediction.pkl"
 GENERATION_DEFAULTS = {"max_new_tokens": 100, "temperature": 0.0, "seed": 0}
 """A language model's continuation settings when none are given (``runjob predict``'s defaults)."""
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from runjob.errors import TrackingError, describe
+from runjob.host.run_folder import RunFolder
 from runjob.record import messages
 from runjob.record.local import METRICS_FILE, MetricsWriter, RunRecord, now_ms
 from runjob.record.messages import Recording
@@ -160,7 +161,7 @@ class NodeRecorder(Recorder):
         if self._metrics is not None or self._ended:
             raise RecorderStateError(f"NodeRecorder.join: already {'ended' if self._ended else 'joined'}")
         self.run_id, self.tracking_uri = run_id, tracking_uri
-        self._metrics = MetricsWriter(self.output_dir / f"metrics.node{self.machine_rank}.jsonl")
+        self._metrics = MetricsWriter(RunFolder(self.output_dir).node_metrics_file(self.machine_rank))
         if run_id and not offline:
             from runjob.record.mirror import Mirror
 

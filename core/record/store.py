@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError, TrackingError, describe
+from runjob.host.run_folder import JOB_FILE, WEIGHTS_FILE
 
 
 def open_store(uri: str):
@@ -103,7 +104,7 @@ def download_artifact(uri: str, run_id: str, name: str, folder: Path) -> Path | 
         raise TrackingError(f"cannot read from MLflow at {uri}: {describe(error)}") from None
 
 
-FINAL_WEIGHTS = "model.safetensors"
+FINAL_WEIGHTS = WEIGHTS_FILE
 
 
 def _missing(error: BaseException) -> bool:
@@ -130,7 +131,7 @@ def _logged_model_weights(uri: str, run_id: str, folder: Path) -> Path | None:
 
 def download_job(uri: str, run_id: str, folder: Path) -> Path:
     """Download run ``run_id``'s ``job.toml`` artifact into ``folder``; its absence is an error."""
-    path = download_artifact(uri, run_id, "job.toml", folder)
+    path = download_artifact(uri, run_id, JOB_FILE, folder)
     if path is None:
         raise RunjobError(
             f"run {run_id} has no job.toml artifact: it was not made by runjob, or its job.toml is missing"

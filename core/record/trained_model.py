@@ -29,6 +29,8 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
+from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
+
 WEIGHTS = "weights"
 JOB = "job"
 PREDICTOR = "predictor"
@@ -129,7 +131,8 @@ def save_trained_model(
     from runjob.record.prediction import PREDICTOR_FILE
     from runjob.record.store import environment
 
-    artifacts = {WEIGHTS: str(output_dir / "model.safetensors"), JOB: str(output_dir / "job.toml")}
+    paths = RunFolder(output_dir)
+    artifacts = {WEIGHTS: str(paths.weights), JOB: str(paths.job_file)}
     if prediction and (output_dir / PREDICTOR_FILE).is_file():
         artifacts[PREDICTOR] = str(output_dir / PREDICTOR_FILE)
     requirements = [f"{WHEELS_FOLDER}/{wheel.name}" for wheel in wheels] + requirements
@@ -155,7 +158,7 @@ def save_trained_model(
         (folder / WHEELS_FOLDER).mkdir()
         for wheel in wheels:
             shutil.copy2(wheel, folder / WHEELS_FOLDER / wheel.name)
-    _link_weights(output_dir / "model.safetensors", folder / "artifacts" / "model.safetensors")
+    _link_weights(RunFolder(output_dir).weights, folder / "artifacts" / WEIGHTS_FILE)  # MLflow's artifacts/ folder
     return folder
 
 
