@@ -96,48 +96,15 @@ def test_every_message_survives_the_pipe_and_a_wrong_one_names_its_kind():
         messages.decode(json.dumps({"metrics": []}))
 
 
-def test_the_recording_process_records_a_complete_run_when_chosen_in_a_process_that_imported_mlflow(runjob_tester):
-    """MLflow is imported here, so no choice would mean a thread: "process" runs the production
-    recording process (``python -m runjob.record.mirror``) all the same."""
-    tester, out = runjob_tester, runjob_tester.path / "out"
-    (out / "record").mkdir(parents=True)
-    (out / "record" / "job.toml").write_text("[job]\nname = 'apart'\n")
-    recorder = Recorder(out, role="main")
-    recorder.start(
-        tracking=SimpleNamespace(offline=False, log_model="none"),
-        experiment="apart",
-        run_name="apart run",
-        params={"train.epochs": "2"},
-        tags={"runjob.device": "cpu"},
-        recording="process",
-    )
-    assert recorder._mirror.recording == "process" and recorder._mirror._proc is not None
-    run_id = recorder.opened()
-    recorder.log_artifact(out / "record" / "job.toml")
-    recorder.log_input({"name": "digits", "digest": "d1", "source_type": "local", "source": "here"}, "training")
-    for step in range(1, 6):
-        recorder.log_training_metrics({"train/loss": 1.0 / step, "lr": 0.1}, step)
-    recorder.set_tags({"runjob.stopped": "no"})
-    recorder.end("FINISHED")
-
-    run = tester.only_run("apart")
-    assert run.run_id == run_id and run.status == "FINISHED" and run.run_name == "apart run"
-    assert run.params == {"train.epochs": "2"}
-    assert run.tags["runjob.device"] == "cpu" and run.tags["runjob.stopped"] == "no"
-    assert run.history("train/loss") == [(s, 1.0 / s) for s in range(1, 6)]
-    assert run.artifacts() == {"job.toml"} and run.inputs[0].dataset.name == "digits"
-    record = tester.record(out).record
-    assert record["run_id"] == run_id and record["status"] == "FINISHED" and "unsynced" not in record
-
-
-def test_a_short_training_run_in_this_process_through_the_recording_process_is_complete(runjob_tester, monkeypatch):
-    """The runner chooses nothing yet: with the default's rule saying "process" here too, a run in
-    this process goes through the production recording process, and its MLflow run is whole."""
+def test_a_run_in_a_process_that_imported_mlflow_records_in_its_own_process_when_asked(runjob_tester, monkeypatch):
+    """MLflow is imported here, so by default a run would record in a thread: ``recording="process"``
+    runs the production recording process (``python -m runjob.record.mirror``) all the same, and
+    its MLflow run is whole."""
     import psutil
 
     from runjob.record import mirror
+    from runjob.train.entry import run as run_job
 
-    monkeypatch.setattr(mirror, "in_process", lambda: False)
     spawned = []
     real_spawn = mirror._spawn
 
@@ -150,10 +117,13 @@ def test_a_short_training_run_in_this_process_through_the_recording_process_is_c
     tester = runjob_tester
     tester.install_tiny_models()
     tester.write_job("job.toml", SMALL_DIGITS.format(name="inproc"))
-    done = tester.run("job.toml", "train.max_steps=3", "train.log_every=1", output_dir="out")
+    outcome = run_job(
+        tester.path / "job.toml", ["train.max_steps=3", "train.log_every=1"], output_dir="out", recording="process"
+    )
+    done = tester.record(outcome.output_dir)
     assert spawned and mirror.MODULE in " ".join(spawned[0])
     run = tester.only_run("inproc")
-    assert done.exit_code == 0 and run.status == "FINISHED" and run.run_id == done.run_id
+    assert outcome.exit_code == 0 and run.status == "FINISHED" and run.run_id == done.run_id
     assert run.steps("train/loss") == [1, 2, 3] and run.params["train.max_steps"] == "3"
     assert run.history("val/accuracy") == done.local_history("val/accuracy")
     assert run.models() == {"inproc"}, "the MLflow model, written by the recording process"
