@@ -9,6 +9,7 @@ from helpers import REPO, SMALL_DIGITS
 import runjob
 from runjob.errors import TrainingError
 from runjob.host.events import EVENT_MAP, HOOKS, Dispatcher, Event, order_callbacks
+from runjob.host.run_context import dispatcher
 from runjob.testing import FakeRun
 
 pytestmark = pytest.mark.timeout(300)
@@ -40,12 +41,7 @@ def test_a_global_hook_that_raises_stops_the_run_in_one_line_naming_the_plugin(t
 
 def test_the_readme_shows_the_event_map_and_the_map_names_every_event():
     named = [line.split()[0] for line in EVENT_MAP.splitlines() if line.split()[0].isupper()]
-    assert named == [event.name for event in Event][:5] + ["EVALUATION_START", "EVALUATION", "EVALUATION_END"] + [
-        "EPOCH_END",
-        "TRAIN_END",
-        "RUN_END",
-    ]
-    assert sorted(named) == sorted(event.name for event in Event)
+    assert named == [event.name for event in Event], "the map names every event once, in the enumeration's order"
     for event, (hook, _) in HOOKS.items():
         line = next(line for line in EVENT_MAP.splitlines() if line.split()[0] == event.name)
         assert hook in line, f"the map shows {hook} beside {event.name}"
@@ -102,8 +98,8 @@ def test_what_a_callback_logs_in_an_event_is_recorded_at_its_step_and_joins_the_
         def on_log(self, run, step, epoch, metrics):
             run.log({"train/c": 1})
 
-    run = FakeRun()
-    events = Dispatcher(run, {"logger": Logger()}, journal=run._journal, step=lambda: run.step)
+    run = FakeRun(callbacks={"logger": Logger()})
+    events = dispatcher(run)  # the loop's own: the run's journal, its step
     run.step = 4
     events.send(Event.STEP, 4, 0, None)
     assert run.logs == [(4, {"train/a": 4.0, "train/b": 8.0})], "one record line when the event's listeners are done"
@@ -112,6 +108,15 @@ def test_what_a_callback_logs_in_an_event_is_recorded_at_its_step_and_joins_the_
     assert line == {"train/loss": 0.5, "train/c": 1.0} and len(run.logs) == 1, "at LOG, it joins the line logged"
     run.log({"outside": 1})
     assert run.logs[-1] == (4, {"outside": 1.0}), "outside an event, recorded at once"
+
+    class Broken(runjob.Callback):
+        def on_step(self, run, step, epoch, loss):
+            raise RuntimeError("after the logger")
+
+    run = FakeRun(callbacks={"logger": Logger(), "broken": Broken()}, step=5)
+    with pytest.raises(TrainingError, match="callback 'broken' failed in on_step at step 5"):
+        dispatcher(run).send(Event.STEP, 5, 0, None)
+    assert run.logs == [(5, {"train/a": 5.0, "train/b": 10.0})], "what was logged before a failure is kept"
 
 
 def test_a_failure_at_run_end_is_one_line_and_the_others_still_hear_it():
@@ -140,3 +145,12 @@ def test_the_run_a_callback_gets_is_read_only_and_typed():
     assert hints["return"] is type(None)
     assert typing.get_type_hints(runjob.RunState.step.fget)["return"] is int
     assert run.model == "m"
+
+
+def test_an_unknown_recording_choice_is_a_users_mistake_said_before_anything_runs(tester):
+    from runjob.errors import RunjobError
+
+    tester.write_job("job.toml", SMALL_DIGITS.format(name="asked"))
+    with pytest.raises(RunjobError, match="recording = 'proc': expected 'process' .* or 'thread'"):
+        runjob.run(tester.path / "job.toml", output_dir=tester.path / "out", recording="proc")
+    assert not (tester.path / "out").exists()

@@ -35,7 +35,6 @@ def test_every_path_of_a_run_folder(tmp_path):
     }
     for relative, path in named.items():
         assert path == tmp_path / relative, relative
-    assert folder.mlflow_run_file == folder.run_record_file
     assert RunFolder.of_checkpoint(folder.checkpoint(5)) == folder
     assert RunFolder(str(tmp_path)).root == Path(tmp_path)  # type: ignore[arg-type]
 

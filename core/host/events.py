@@ -163,13 +163,13 @@ class Journal:
         self.joining = joining if joining is not None else outer
         try:
             yield
-        finally:
+        finally:  # also when a listener failed: what the others logged before it is kept
             self.depth -= 1
             self.joining = outer
-        if not self.depth and self.pending:
-            pending, self.pending = self.pending, {}
-            if self.record is not None:
-                self.record(pending, self.step())
+            if not self.depth and self.pending:
+                pending, self.pending = self.pending, {}
+                if self.record is not None:
+                    self.record(pending, self.step())
 
 
 class Dispatcher:

@@ -157,8 +157,6 @@ class RunFolder:
         """``mlflow_run.json``: the local record of the MLflow run."""
         return self.root / RUN_RECORD_FILE
 
-    mlflow_run_file = run_record_file
-
     @property
     def metrics_file(self) -> Path:
         """``metrics.jsonl``: the main process's metric points."""

@@ -41,6 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from runjob.errors import RunjobError
 from runjob.host.run_folder import RunFolder
 from runjob.record import messages
 from runjob.record.messages import Recording
@@ -69,7 +70,7 @@ def choose(recording: Recording | None) -> Recording:
     if recording is None:
         return "thread" if in_process() else "process"
     if recording not in ("process", "thread"):
-        raise ValueError(f"recording {recording!r}: expected 'process' or 'thread'")
+        raise RunjobError(f"recording = {recording!r}: expected 'process' (the default) or 'thread'")
     return recording
 
 

@@ -131,22 +131,9 @@ def _same_weights(output_dir: Path, final: Path) -> list[Path]:
         candidates.append(found[-1] / WEIGHTS_FILE)
     if not final.is_file():
         return []
-    size, digest = final.stat().st_size, None
-    same = []
-    for path in candidates:
-        if not path.is_file() or path.stat().st_size != size or os.path.samefile(path, final):
-            continue
-        digest = digest or _sha256(final)
-        if _sha256(path) == digest:
-            same.append(path)
-    return same
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    with path.open("rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
+    return [
+        path for path in candidates if path.is_file() and not os.path.samefile(path, final) and same_bytes(path, final)
+    ]
 
 
 def _link(source: Path, target: Path) -> bool:

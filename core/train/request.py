@@ -76,12 +76,15 @@ def output_folder(job_name: str, output_dir: Path | None, resume: Resume, launch
     unless ``launched``: the launcher that started this worker checked it)."""
     from runjob.record.outputs import choose_output_dir
 
-    if resume.mode == "checkpoint" and resume.checkpoint is not None and output_dir is None:
-        return RunFolder.of_checkpoint(resume.checkpoint).root
-    if resume.mode == "auto" and output_dir is None:
-        raise RunjobError(AUTO_NEEDS_FOLDER)
-    if resume and output_dir is None:
-        raise RunjobError("--resume needs --output-dir DIR (the folder of the run to continue) or a checkpoint path")
-    if resume or (launched and output_dir is not None):
-        return output_dir  # type: ignore[return-value]  # set: checked above
+    if output_dir is None:
+        if resume.mode == "checkpoint" and resume.checkpoint is not None:
+            return RunFolder.of_checkpoint(resume.checkpoint).root
+        if resume.mode == "auto":
+            raise RunjobError(AUTO_NEEDS_FOLDER)
+        if resume:
+            raise RunjobError(
+                "--resume needs --output-dir DIR (the folder of the run to continue) or a checkpoint path"
+            )
+    elif resume or launched:
+        return output_dir
     return choose_output_dir(job_name, output_dir)
