@@ -39,6 +39,12 @@ class JobError(RunjobError):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
+class ComponentError(RunjobError):
+    """A component's factory (``[model]``, ``[dataset]``, a ``[callbacks.NAME]``...) failed: the
+    message is one line, ``FILE:LINE: [TABLE] NAME: TypeName: what it said``, where FILE:LINE is
+    where the job names the component; the factory's own exception is its ``__cause__``."""
+
+
 class DataError(RunjobError):
     """Data that cannot be read or does not fit what the job says (found while training)."""
 

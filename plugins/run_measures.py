@@ -75,8 +75,9 @@ class BestWeights(Callback):
 
 class ThroughputOptions(CallbackOptions):
     flops: bool = True
-    """Count the model's FLOPs per sample (or token) once, at the first batch, on a copy of the model
-    built on the ``meta`` device (no memory, no time on the device, the weights untouched), to log
+    """Count the model's FLOPs per sample (or token) once, at the first batch, on a copy of the run's
+    model made on the ``meta`` device (its factory not called again, no memory, no time on the
+    device, the weights untouched), to log
     ``train/tflops`` and, where the device's peak is known (``train.peak_tflops``, or a known GPU
     in bf16/fp16), ``train/mfu``."""
 
@@ -115,8 +116,7 @@ class Throughput(Callback):
         self.units += run.task.count(batch)
 
     def _count(self, run: Any, batch: Any) -> None:
-        job = run.job
-        shapes_only = meta_model(lambda: job.model.component.factory(job.model.options))
+        shapes_only = meta_model(run.model)  # a meta copy of the built model: its factory runs once per run
         self.flops_per_unit = training_flops_per_unit(shapes_only, run.task, batch)
         if self.flops_per_unit:
             run.set_tags({f"runjob.flops_per_{run.task.unit.removesuffix('s')}": f"{self.flops_per_unit:.6g}"})

@@ -8,6 +8,7 @@ They use only the public plugin API, as a third-party task would.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Literal
 
 from pydantic import Field
@@ -43,9 +44,10 @@ class Classification(Task):
     def loss(self, outputs: Any, batch: Any) -> Any:
         import torch.nn.functional as F
 
-        return F.cross_entropy(outputs, self.targets(batch), label_smoothing=self.label_smoothing)
+        return F.cross_entropy(self.logits_of(outputs), self.targets(batch), label_smoothing=self.label_smoothing)
 
     def check(self, outputs: Any, batch: Any) -> None:
+        outputs = self.logits_of(outputs)
         classes = self.num_classes
         if outputs.ndim != 2 or (classes is not None and outputs.shape[1] != classes):
             if classes is None:
@@ -65,7 +67,7 @@ class Classification(Task):
     def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
         import torch.nn.functional as F
 
-        targets = self.targets(batch)
+        outputs, targets = self.logits_of(outputs), self.targets(batch)
         losses = F.cross_entropy(outputs.float(), targets, reduction="none")
         classes = targets.argmax(dim=-1) if targets.is_floating_point() else targets
         values = {"loss": losses, "correct": outputs.argmax(dim=-1) == classes}
@@ -81,7 +83,7 @@ class Classification(Task):
 
     def predict(self, outputs: Any) -> dict[str, Any]:
         """The most likely class of each sample and its probability (softmax of the logits)."""
-        probability, index = outputs.float().softmax(dim=-1).max(dim=-1)
+        probability, index = self.logits_of(outputs).float().softmax(dim=-1).max(dim=-1)
         return {"class": index, "probability": probability}
 
 
@@ -108,7 +110,7 @@ class Regression(Task):
 
     def _pair(self, outputs: Any, batch: Any) -> tuple[Any, Any]:
         """Outputs and targets as float ``(batch, k)``, the same shape, or a ValueError saying how they differ."""
-        targets = self.targets(batch)
+        outputs, targets = self.logits_of(outputs), self.targets(batch)
         wide_targets = targets[:, None] if targets.ndim == 1 else targets
         wide_outputs = outputs[:, None] if outputs.ndim == 1 else outputs
         if wide_outputs.shape != wide_targets.shape:
@@ -162,6 +164,7 @@ class Regression(Task):
 
     def predict(self, outputs: Any) -> dict[str, Any]:
         """The predicted values: ``(batch,)`` for one value (a ``(batch, 1)`` output included), else ``(batch, k)``."""
+        outputs = self.logits_of(outputs)
         return {"value": outputs[:, 0] if outputs.ndim == 2 and outputs.shape[1] == 1 else outputs}
 
 
@@ -179,42 +182,98 @@ class LanguageModelingOptions(TaskOptions):
 class LanguageModeling(Task, Generating):
     """Next-token prediction. A batch is a token tensor ``(batch, T + 1)`` (the model reads the
     first T, each position predicts the next), an ``(inputs, targets)`` pair already aligned, or a
-    tokenizer's dict with ``input_ids`` (and optionally ``labels``, ``attention_mask``). The model
-    gives logits ``(batch, T, vocabulary)``. Throughput is counted in tokens. ``runjob predict``
-    continues prompts (:meth:`generate`)."""
+    tokenizer's dict with ``input_ids`` (and optionally ``labels`` aligned with them, as a Hugging
+    Face model takes them, ``attention_mask``, ``position_ids``). The model gives logits ``(batch,
+    T, vocabulary)``, as a tensor or as the ``logits`` of its outputs (a Hugging Face model's).
+
+    Padding (an ``attention_mask``, left or right): the mask goes to a model whose ``forward`` names
+    ``attention_mask``, with ``position_ids`` counted from each sequence's first real token when
+    ``forward`` names them and the batch has none (so left and right padding give the same loss);
+    only targets whose token and the token before it are both real are scored (and ``labels`` equal
+    to ``ignore_index``, -100, never are); throughput counts only those. A model that takes token ids
+    positionally (the built-in ``gpt``) gets ``input_ids`` alone. Throughput is counted in tokens.
+    ``runjob predict`` continues prompts (:meth:`generate`)."""
 
     unit = "tokens"
 
     def __init__(self, options: LanguageModelingOptions, vocabulary: int | None) -> None:
         self.ignore_index = options.ignore_index
         self.vocabulary = vocabulary
+        self._warned_unmasked = False
+
+    @staticmethod
+    def _real_pairs(mask: Any) -> Any:
+        """``(batch, T)``: whether each (input token, next token) pair of a padded batch is real."""
+        return (mask[:, :-1] != 0) & (mask[:, 1:] != 0)
 
     def _split(self, batch: Any) -> tuple[Any, Any]:
         if isinstance(batch, dict):
             if "input_ids" not in batch:
                 raise ValueError(f"a dict batch needs 'input_ids' (it has {', '.join(map(str, batch))})")
             tokens = batch["input_ids"]
-            labels = batch.get("labels", tokens)
-            if "attention_mask" in batch:
-                labels = labels.masked_fill(batch["attention_mask"] == 0, self.ignore_index)
-            return tokens[:, :-1], labels[:, 1:]
+            labels = batch.get("labels", tokens)[:, 1:]
+            if batch.get("attention_mask") is not None:
+                labels = labels.masked_fill(~self._real_pairs(batch["attention_mask"]), self.ignore_index)
+            return tokens[:, :-1], labels
         if isinstance(batch, (tuple, list)):
             return batch[0], batch[1]
         return batch[:, :-1], batch[:, 1:]
 
     def inputs(self, batch: Any) -> Any:
+        """The token ids the model reads, a tensor (what a prompt is at prediction)."""
         return self._split(batch)[0]
 
     def targets(self, batch: Any) -> Any:
         return self._split(batch)[1]
 
+    def forward(self, model: Any, batch: Any) -> Any:
+        """:meth:`call_model` on the token ids (:meth:`inputs`); for a dict batch with an
+        ``attention_mask`` or ``position_ids``, on a dict of those and ``input_ids`` (each without its
+        last position, as the token ids), so the padding reaches the model."""
+        tokens = self.inputs(batch)
+        if isinstance(batch, dict):
+            keys = ("attention_mask", "position_ids")
+            padding = {key: batch[key][:, :-1] for key in keys if batch.get(key) is not None}
+            if padding:
+                return self.call_model(model, {"input_ids": tokens, **padding})
+        return self.call_model(model, tokens)
+
+    def call_model(self, model: Any, inputs: Any) -> Any:
+        """A tensor of token ids goes in positionally. A dict (a padded batch) goes in as keyword
+        arguments to a model whose ``forward`` names ``input_ids`` (a Hugging Face model), with
+        ``position_ids`` counted from the mask when it names them and the batch has none; any other
+        model gets ``input_ids`` positionally (a ``UserWarning``, once, says its padding is not
+        masked inside the model)."""
+        if isinstance(inputs, dict):
+            mask = inputs.get("attention_mask")
+            if mask is not None and not self.takes_keyword(model, "attention_mask"):
+                self._warn_unmasked(model)
+            if not self.takes_keyword(model, "input_ids"):
+                return super().call_model(model, inputs["input_ids"])
+            if mask is not None and "position_ids" not in inputs and self.takes_keyword(model, "position_ids"):
+                positions = mask.long().cumsum(-1) - 1  # as Hugging Face's generate counts them
+                inputs = {**inputs, "position_ids": positions.masked_fill(mask == 0, 1)}
+        return super().call_model(model, inputs)
+
+    def _warn_unmasked(self, model: Any) -> None:
+        if not self._warned_unmasked:
+            self._warned_unmasked = True
+            warnings.warn(
+                f"the batches are padded (attention_mask), but {type(model).__name__}.forward takes no attention_mask: "
+                "padding is left out of the loss but not masked inside the model (right padding is still exact for "
+                "a causal model, left padding is not)",
+                UserWarning,
+                stacklevel=3,
+            )
+
     def loss(self, outputs: Any, batch: Any) -> Any:
         import torch.nn.functional as F
 
-        return F.cross_entropy(outputs.flatten(0, 1), self.targets(batch).flatten(), ignore_index=self.ignore_index)
+        logits = self.logits_of(outputs)
+        return F.cross_entropy(logits.flatten(0, 1), self.targets(batch).flatten(), ignore_index=self.ignore_index)
 
     def check(self, outputs: Any, batch: Any) -> None:
-        targets = self.targets(batch)
+        outputs, targets = self.logits_of(outputs), self.targets(batch)
         if outputs.ndim != 3 or outputs.shape[:2] != targets.shape:
             raise ValueError(
                 f"outputs of shape {tuple(outputs.shape)} for targets of shape {tuple(targets.shape)}: the model must "
@@ -227,12 +286,17 @@ class LanguageModeling(Task, Generating):
             )
 
     def count(self, batch: Any) -> int:
+        """The targets of a batch; of a padded one, only the real ones (both tokens of the pair real
+        under ``attention_mask``): that reads the mask, one small read from the device a step."""
+        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+        if mask is not None and mask.device.type != "meta":  # FLOP counting passes shapes only
+            return int(self._real_pairs(mask).sum())
         return int(self.targets(batch).numel())
 
     def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
         import torch.nn.functional as F
 
-        targets = self.targets(batch)
+        outputs, targets = self.logits_of(outputs), self.targets(batch)
         losses = F.cross_entropy(
             outputs.float().flatten(0, 1), targets.flatten(), ignore_index=self.ignore_index, reduction="none"
         ).view(targets.shape)
@@ -244,7 +308,7 @@ class LanguageModeling(Task, Generating):
 
     def predict(self, outputs: Any) -> dict[str, Any]:
         """The most likely next token after each sample's last position."""
-        return {"next_token": outputs[:, -1].argmax(dim=-1)}
+        return {"next_token": self.logits_of(outputs)[:, -1].argmax(dim=-1)}
 
     def generate(self, model: Any, tokens: Any, max_new_tokens: int, context: int, temperature: float, generator: Any):
         """Token by token: the model reads the last ``context`` tokens and the next one is its most
@@ -254,7 +318,7 @@ class LanguageModeling(Task, Generating):
         new = []
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                logits = self.call_model(model, tokens[:, -context:])[:, -1].float()
+                logits = self.logits_of(self.call_model(model, tokens[:, -context:]))[:, -1].float()
                 if self.vocabulary is not None:
                     logits = logits[:, : self.vocabulary]  # ids past the data's vocabulary were never targets
                 if temperature > 0:

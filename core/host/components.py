@@ -10,7 +10,7 @@ import importlib.util
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -87,6 +87,42 @@ class Component:
     description: str = ""
     facts: dict[str, Any] = field(default_factory=dict)
     """What the component stated at registration (see :class:`runjob.host.kinds.Kind`)."""
+
+
+@dataclass(frozen=True)
+class ReportedFactory:
+    """A component's factory as a resolved job holds it (``chosen.component.factory``): it calls
+    the plugin's factory and reports an exception from it as the job's mistake, a
+    :class:`~runjob.errors.ComponentError` of one line naming ``where`` (``job.toml:7``, where the
+    job names the component), ``table`` (``[model]``) and the error; a
+    :class:`~runjob.errors.RunjobError` the factory raised keeps its type and message, with the
+    same place put in front. ``KeyboardInterrupt`` and other ``BaseException`` pass untouched."""
+
+    factory: Callable[..., Any]
+    table: str
+    name: str
+    where: str
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from runjob.errors import ComponentError, RunjobError, describe
+
+        try:
+            return self.factory(*args, **kwargs)
+        except RunjobError as error:
+            prefix = f"{self.where}: [{self.table}] {self.name}: "
+            if not str(error).startswith(prefix):
+                error.args = (prefix + str(error),)
+            raise
+        except Exception as error:
+            raise ComponentError(f"{self.where}: [{self.table}] {self.name}: {describe(error)}") from error
+
+
+def reported(component: Component, table: str, where: str) -> Component:
+    """``component`` with its factory wrapped in a :class:`ReportedFactory` (once)."""
+    factory = component.factory
+    if isinstance(factory, ReportedFactory):
+        factory = factory.factory
+    return replace(component, factory=ReportedFactory(factory, table, component.name, where))
 
 
 @dataclass

@@ -11,8 +11,10 @@ import torch themselves where they need it.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from runjob.host.components import Options
@@ -51,10 +53,15 @@ class Task(ABC):
     :meth:`call_model` calls the model with them. Training and evaluation call :meth:`forward`
     (both steps); ``runjob predict``, the run's MLflow model and ``runjob export`` have no targets:
     they collate what :meth:`runjob.Inputs.encode` gives (one sample of the model's inputs, as
-    :meth:`inputs` gives them for a batch) and call :meth:`call_model` on it. A task whose model
-    takes a dict as keyword arguments overrides :meth:`inputs` and :meth:`call_model` (not
-    :meth:`forward`), and every command then works with it. A model that continues its inputs
-    (language modelling) also subclasses :class:`Generating`.
+    :meth:`inputs` gives them for a batch) and call :meth:`call_model` on it. A dict of inputs goes
+    in as keyword arguments where the model's ``forward`` names them (a Hugging Face model's
+    ``input_ids``, ``attention_mask``); a task with other needs overrides :meth:`inputs` and
+    :meth:`call_model` (not :meth:`forward`), and every command then works with it.
+
+    The outputs are whatever the model returns: a tensor, a dict, or an object with a ``logits``
+    attribute (a Hugging Face ``ModelOutput``, which may also hold a ``loss``). The built-in tasks
+    read their logits with :meth:`logits_of`, so they take all three. A model that continues its
+    inputs (language modelling) also subclasses :class:`Generating`.
     """
 
     unit: str = "samples"
@@ -76,8 +83,34 @@ class Task(ABC):
 
     def call_model(self, model: Any, inputs: Any) -> Any:
         """The model's outputs for ``inputs`` (what :meth:`inputs` gives, in training, evaluation,
-        prediction and export alike): ``model(inputs)``. Override it for a model that takes several
-        arguments, e.g. ``model(**inputs)`` for a dict of keyword arguments."""
+        prediction and export alike).
+
+        A dict (any mapping) goes in as keyword arguments when the model's ``forward`` names at
+        least one of its keys: ``model(**inputs)``, with only the keys ``forward`` names, or every
+        key when it also takes ``**kwargs`` (so a batch's ``labels`` never reach a model that does
+        not ask for them). A dict none of whose keys ``forward`` names goes in whole, positionally,
+        as does anything else (a tensor, a tuple): ``model(inputs)``. The signature is read through
+        the wrappers a run adds (Accelerate's mixed precision, DistributedDataParallel,
+        ``torch.compile``). A required parameter of ``forward`` the dict lacks is a ``ValueError``
+        naming it. Override it for a model called some other way."""
+        if isinstance(inputs, Mapping):
+            found = forward_signature(model)
+            if found is not None:
+                named, any_keyword = _keywords(found)
+                if named & inputs.keys():
+                    missing = [
+                        name
+                        for name, parameter in found.parameters.items()
+                        if parameter.default is inspect.Parameter.empty
+                        and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+                        and name not in inputs
+                    ]
+                    if missing:
+                        raise ValueError(
+                            f"the model's forward needs {', '.join(map(repr, missing))}, but the inputs hold only "
+                            f"{', '.join(map(repr, inputs))}"
+                        )
+                    return model(**{key: value for key, value in inputs.items() if any_keyword or key in named})
         return model(inputs)
 
     def forward(self, model: Any, batch: Any) -> Any:
@@ -115,6 +148,16 @@ class Task(ABC):
         if first is None:
             raise ValueError(f"{type(self).__name__} found no tensor in a {type(batch).__name__} batch to count")
         return int(first.shape[0])
+
+    @staticmethod
+    def logits_of(outputs: Any) -> Any:
+        """The logits in a model's outputs (see :func:`logits_of`)."""
+        return logits_of(outputs)
+
+    @staticmethod
+    def takes_keyword(model: Any, name: str) -> bool:
+        """Whether the model's ``forward`` names a parameter ``name`` (see :func:`takes_keyword`)."""
+        return takes_keyword(model, name)
 
     def predict(self, outputs: Any) -> dict[str, torch.Tensor]:
         """What ``runjob predict`` writes for a batch of the model's outputs (of :meth:`call_model`):
@@ -171,6 +214,64 @@ def generates(task: Any) -> bool:
         )
         return True
     return False
+
+
+def logits_of(outputs: Any) -> Any:
+    """The logits in a model's outputs: a tensor (anything with a ``shape``) as it is; else its
+    ``logits`` attribute (a Hugging Face ``ModelOutput``, any object with one) or ``"logits"`` key
+    (a dict). Anything else is a ``ValueError`` naming what the outputs are."""
+    if hasattr(outputs, "shape"):
+        return outputs
+    logits = getattr(outputs, "logits", None)
+    if logits is None and isinstance(outputs, Mapping):
+        logits = outputs.get("logits")
+    if logits is None:
+        held = f" (keys {', '.join(map(repr, outputs))})" if isinstance(outputs, Mapping) else ""
+        raise ValueError(
+            f"the model's outputs are a {type(outputs).__name__}{held}: the task needs a tensor of logits, or outputs "
+            "with logits (an object's .logits, a dict's 'logits', as a Hugging Face model gives)"
+        )
+    return logits
+
+
+_WRAPPED = ("_orig_mod", "module")  # torch.compile's OptimizedModule; DistributedDataParallel, FSDP, DeepSpeed
+
+
+def forward_signature(model: Any) -> inspect.Signature | None:
+    """The signature of the function that takes ``model``'s inputs: its ``forward`` (or the model
+    itself, for a plain callable), read through ``functools.wraps`` decorators (Accelerate's mixed
+    precision, Hugging Face's) and through wrappers whose ``forward`` only passes ``*args,
+    **kwargs`` on to the model inside (``torch.compile``, DistributedDataParallel). ``None`` when it
+    cannot be read."""
+    for _ in range(8):  # wrappers of wrappers, never a loop
+        try:
+            signature = inspect.signature(getattr(model, "forward", model))
+        except (TypeError, ValueError):
+            return None
+        passes_on = all(
+            parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+            for parameter in signature.parameters.values()
+        )
+        inner = next((found for name in _WRAPPED if (found := getattr(model, name, None)) is not None), None)
+        if not (passes_on and callable(inner)):
+            return signature
+        model = inner
+    return signature
+
+
+def _keywords(signature: inspect.Signature) -> tuple[frozenset[str], bool]:
+    """The parameter names a call may give by keyword, and whether it takes ``**kwargs``."""
+    parameters = signature.parameters.values()
+    named = frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return named, any(p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def takes_keyword(model: Any, name: str) -> bool:
+    """Whether ``model``'s ``forward`` names a parameter ``name`` (``**kwargs`` alone does not
+    count), read as :meth:`Task.call_model` reads it: e.g. whether a language model takes an
+    ``attention_mask``."""
+    found = forward_signature(model)
+    return found is not None and name in _keywords(found)[0]
 
 
 def first_tensor(batch: Any) -> Any:

@@ -1,4 +1,5 @@
-"""Reading job files: TOML, ``extends`` bases and ``--set`` overrides, with where each value came from.
+"""Reading job files: TOML, ``extends`` bases and ``--set`` overrides, with where each value came from;
+the value ``"!remove"`` removes a key a base or an earlier override set.
 
 The result is a plain nested dict plus an *origin* for every key (file and line, or the override
 that set it), so later checks can point at the exact place a wrong value was written. Nothing here
@@ -123,15 +124,42 @@ def _leaf_keys(data: dict[str, Any]) -> list[str]:
     return list(flat(data, tables_too=True))
 
 
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``top`` over ``base``: tables merge key by key, any other value replaces."""
+REMOVE = "!remove"
+"""The value that removes a key (or a whole table) a base job file or an earlier ``--set`` set:
+``key = "!remove"`` in a job file that ``extends`` another, ``--set table.key=!remove``."""
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any], removed: list[str], prefix: str = "") -> dict[str, Any]:
+    """Deep-merge ``top`` over ``base``: tables merge key by key, any other value replaces, and
+    :data:`REMOVE` removes the key; the dotted keys it names that ``base`` lacks go to ``removed``."""
     merged = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = _merge(merged[key], value)
+        if isinstance(value, str) and value == REMOVE:
+            if merged.pop(key, None) is None:
+                removed.append(prefix + key)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value, removed, f"{prefix}{key}.")
+        elif isinstance(value, dict):
+            merged[key] = _merge({}, value, removed, f"{prefix}{key}.")
         else:
             merged[key] = value
     return merged
+
+
+_NOTHING = '"{remove}" removes a key set by a base job file (extends) or before it; nothing sets {key} there'
+
+
+def _nothing_to_remove(keys: list[str], origins: dict[str, Origin]) -> JobError:
+    problems = [
+        Problem(
+            origins[key].file if key in origins else "",
+            key,
+            _NOTHING.format(remove=REMOVE, key=key),
+            origins[key].line if key in origins else None,
+        )
+        for key in keys
+    ]
+    return JobError(problems)
 
 
 def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], dict[str, Origin]]:
@@ -139,7 +167,12 @@ def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any
     origins = {key: Origin(str(path), lines.get(key)) for key in _leaf_keys(data)}
     base_name = data.pop("extends", None)
     if base_name is None:
-        return data, origins
+        removed: list[str] = []
+        data = _merge({}, data, removed)
+        if removed:
+            raise _nothing_to_remove(removed, origins)
+        kept = set(_leaf_keys(data))
+        return data, {key: origin for key, origin in origins.items() if key in kept}
     where = origins.pop("extends")
     if not isinstance(base_name, str) or not base_name:
         raise JobError(
@@ -152,7 +185,10 @@ def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any
     if not base_path.is_file():
         raise JobError([Problem(where.file, "extends", f"base job file not found: {base_path}", where.line)])
     base_data, base_origins = _read_with_bases(base_path, (*chain, path.resolve()))
-    merged = _merge(base_data, data)
+    removed = []
+    merged = _merge(base_data, data, removed)
+    if removed:
+        raise _nothing_to_remove(removed, origins)
     # a base key survives only where this file did not replace its table with a plain value
     still_there = set(_leaf_keys(merged))
     combined = {**base_origins, **origins}
@@ -185,10 +221,16 @@ def apply_override(job: RawJob, override: str) -> Problem | None:
         if not isinstance(existing, dict):
             return Problem(origin.file, key, f"cannot set a key inside {inner}, which is a value, not a table")
         table = existing
-    table[parts[-1]] = parse_override_value(value_text.strip())
+    value = parse_override_value(value_text.strip())
     dotted = ".".join(parts)
     for old in [k for k in job.origins if k.startswith(dotted + ".")]:
         del job.origins[old]
+    if isinstance(value, str) and value == REMOVE:
+        if table.pop(parts[-1], None) is None:
+            return Problem(origin.file, key, _NOTHING.format(remove=REMOVE, key=key))
+        job.origins.pop(dotted, None)
+        return None
+    table[parts[-1]] = value
     job.origins[dotted] = origin
     return None
 

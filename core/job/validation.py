@@ -15,7 +15,7 @@ import tomli_w
 from pydantic import BaseModel, ValidationError
 
 from runjob.errors import JobError, Problem
-from runjob.host.components import Component, Options
+from runjob.host.components import Component, Options, reported
 from runjob.host.kinds import BY_NAME as KINDS
 from runjob.host.kinds import MANY_TABLES
 from runjob.host.kinds import NAMES as COMPONENT_TABLES
@@ -211,7 +211,15 @@ def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem]) 
     if table in _SETUP_MODELS:
         values = {k: v for k, v in values.items() if k not in _SETUP_MODELS[table].model_fields}
     options = _check(component.options, values, table, raw, problems)
-    return Chosen(component, options) if options is not None else None
+    return Chosen(_reported(component, table, raw), options) if options is not None else None
+
+
+def _reported(component: Component, table: str, raw: RawJob) -> Component:
+    """``component`` whose factory's failure names ``[table]`` and where the job names it (the
+    line of its ``name``, else of its table; a callback on by default and not in the job: the job file)."""
+    origin = raw.origin(f"{table}.name") if f"{table}.name" in raw.origins else raw.origin(table)
+    where = f"{origin.file}:{origin.line}" if origin.line else origin.file
+    return reported(component, table, where)
 
 
 def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
@@ -375,8 +383,14 @@ def _choose_callbacks(raw: RawJob, host: PluginHost, problems: list[Problem]) ->
         written = next((name for name, (c, _) in listed.items() if (c.plugin, c.name.rpartition(":")[2]) == same), "")
         written = written or component.name
         picked = listed.pop(written, None)
-        chosen[written] = Chosen(component, picked[1] if picked else component.options())
-    chosen.update({name: Chosen(component, options) for name, (component, options) in listed.items()})
+        options = picked[1] if picked else component.options()
+        chosen[written] = Chosen(_reported(component, f"callbacks.{written}", raw), options)
+    chosen.update(
+        {
+            name: Chosen(_reported(component, f"callbacks.{name}", raw), options)
+            for name, (component, options) in listed.items()
+        }
+    )
     owner: str | None = None
     for name, callback in chosen.items():
         if not (getattr(callback.options, "owns_model", False) and callback.options.enabled):  # type: ignore[attr-defined]

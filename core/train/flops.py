@@ -1,8 +1,11 @@
 """Model FLOPs per trained sample (PyTorch's own FLOP counter) and the device's peak, for MFU.
 
-The count runs once per run, at the first batch (for its shape), on a second instance of the model
-built on the ``meta`` device: no memory, no time on the real device, no extra read of the data,
-and the model's own state (weights, BatchNorm statistics, RNG) is untouched.
+The count runs once per run, at the first batch (for its shape), on a copy of the run's model made
+on the ``meta`` device from the built model itself (its structure and shapes; no data copied): the
+model's factory is not called again, so its side effects (loading weights, downloads) happen once
+per run; no memory, no time on the real device, no extra read of the data, and the model's own
+state (weights, BatchNorm statistics, RNG) is untouched. When the model cannot be counted, one
+line says so and why, and ``train/tflops`` / ``train/mfu`` are not logged.
 """
 
 from __future__ import annotations
@@ -25,16 +28,64 @@ PEAK_TFLOPS = (
 )
 
 
-def meta_model(build: Any) -> Any:
-    """The model ``build()`` makes, made on the ``meta`` device (shapes only: no memory, no
-    initialisation work); ``None`` when it can't be made there."""
+def meta_model(model: Any) -> Any:
+    """A copy of ``model`` on the ``meta`` device (shapes only: no memory, no data copied, the
+    original untouched); ``model`` is a built ``torch.nn.Module`` (a prepared one is unwrapped), or,
+    as before, a function that builds one, called once under ``torch.device("meta")``. ``None``
+    when no copy can be made, and a line says why."""
     import torch
 
     try:
+        if isinstance(model, torch.nn.Module):
+            return _meta_copy(_unwrapped(model))
         with torch.device("meta"):
-            return build()
-    except Exception:  # noqa: BLE001 - a model that insists on real tensors just has no MFU
+            return model()
+    except Exception as error:  # noqa: BLE001 - a model that insists on real tensors just has no MFU
+        say_no_count(error)
         return None
+
+
+def _unwrapped(model: Any) -> Any:
+    """The module inside DistributedDataParallel / DataParallel / ``torch.compile`` wrappers (a
+    model's own attribute named ``module`` is left alone)."""
+    import torch
+
+    wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
+    while True:
+        if isinstance(model, wrappers):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
+            model = model._orig_mod
+        else:
+            return model
+
+
+def _meta_copy(model: Any) -> Any:
+    """``copy.deepcopy(model)`` where every parameter and buffer is replaced, in the memo, by an
+    empty one of its shape, dtype and ``requires_grad`` on ``meta``: the weights are not copied."""
+    import copy
+
+    import torch
+
+    memo: dict[int, Any] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:  # each once, a shared one too
+        empty = torch.empty_like(tensor, device="meta")
+        if isinstance(tensor, torch.nn.Parameter):
+            empty = torch.nn.Parameter(empty, requires_grad=tensor.requires_grad)
+        memo[id(tensor)] = empty
+    return copy.deepcopy(model, memo)
+
+
+def say_no_count(error: BaseException | str) -> None:
+    """One line, on the first process: the model's FLOPs are not counted, and why."""
+    import os
+
+    from runjob.errors import describe
+
+    if os.environ.get("RANK", "0") != "0":
+        return
+    why = error if isinstance(error, str) else describe(error)
+    print(f"runjob: the model's FLOPs were not counted (no train/tflops, train/mfu): {why}", flush=True)
 
 
 def training_flops_per_unit(meta_model: Any, task: Any, batch: Any) -> float | None:
@@ -46,7 +97,7 @@ def training_flops_per_unit(meta_model: Any, task: Any, batch: Any) -> float | N
     from torch.utils.flop_counter import FlopCounterMode
 
     if meta_model is None:
-        return None
+        return None  # meta_model said why
     try:
         meta_model.train()
         shapes = recursively_apply(lambda t: torch.empty_like(t, device="meta"), batch, error_on_other_type=False)
@@ -55,9 +106,13 @@ def training_flops_per_unit(meta_model: Any, task: Any, batch: Any) -> float | N
             task.loss(task.forward(meta_model, shapes), shapes).float().backward()
         total = counter.get_total_flops()
         units = task.count(shapes)
-    except Exception:  # noqa: BLE001 - a model or task the counter can't trace just has no MFU
+    except Exception as error:  # noqa: BLE001 - a model or task the counter can't trace just has no MFU
+        say_no_count(error)
         return None
-    return total / units if total and units else None
+    if not total or not units:
+        say_no_count(f"the counter found {total} FLOPs for {units} {getattr(task, 'unit', 'samples')}")
+        return None
+    return float(total / units)
 
 
 def peak_flops(device: Any, mixed_precision: str, configured_tflops: float | None) -> float | None:

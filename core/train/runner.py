@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import tomli_w
 
-from runjob.errors import RunjobError, Terminated, TrainingError, describe
+from runjob.errors import ComponentError, RunjobError, Terminated, TrainingError, describe
 from runjob.host.callback import Callback
 from runjob.host.components import DatasetSplits
 from runjob.host.events import Dispatcher, Event
@@ -668,7 +668,7 @@ def _finish(
 ) -> None:
     """RUN_END to every listener (a failure there is said in one line; the outcome stands), a
     plugin's failure's traceback kept in ``runjob.log``, the record closed, the processes parted."""
-    if isinstance(error, TrainingError) and error.__cause__ is not None:
+    if isinstance(error, (TrainingError, ComponentError)) and error.__cause__ is not None:
         logfile.keep_traceback(str(error), error.__cause__)  # the terminal has the one line
     if events is not None:
         for line in events.end(status, error):
