@@ -1,12 +1,13 @@
 """runjob: a declarative training launcher. One TOML job file; pluggy plugins; Accelerate; MLflow.
 
 The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir``,
-``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``Inputs``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
+``ExistingFile``, ``AbsolutePath``, ``DatasetSplits``, ``DataFacts``, ``Adapter``,
+``ExportRequest``, ``Inputs``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
 ``TaskOptions``, ``Generating``, ``Callback``, ``CallbackOptions``, ``Run`` (with its halves
 ``RunState`` and ``RunActions``; ``RunContext`` is its deprecated old name), ``Event``, ``Job``,
-``RunFolder``, ``Register``, the FLOP counting helpers (``meta_model``, ``training_flops_per_unit``,
-``peak_flops``) and the error types; ``run`` trains a job file from Python, as ``runjob run``
-does. Nothing here imports torch, accelerate or mlflow.
+``RunFolder``, ``Register``, the FLOP counting helpers (``model_flops_per_unit``, ``meta_model``,
+``training_flops_per_unit``, ``peak_flops``) and the error types; ``run`` trains a job file from
+Python, as ``runjob run`` does. Nothing here imports torch, accelerate or mlflow.
 """
 
 from importlib import import_module
@@ -24,9 +25,12 @@ if TYPE_CHECKING:
     from runjob.host.callback import Callback as Callback
     from runjob.host.callback import CallbackOptions as CallbackOptions
     from runjob.host.components import AbsolutePath as AbsolutePath
+    from runjob.host.components import Adapter as Adapter
+    from runjob.host.components import DataFacts as DataFacts
     from runjob.host.components import DatasetSplits as DatasetSplits
     from runjob.host.components import ExistingDir as ExistingDir
     from runjob.host.components import ExistingFile as ExistingFile
+    from runjob.host.components import ExportRequest as ExportRequest
     from runjob.host.components import ImageTensors as ImageTensors
     from runjob.host.components import Inputs as Inputs
     from runjob.host.components import Options as Options
@@ -46,6 +50,7 @@ if TYPE_CHECKING:
     from runjob.train.entry import RunOutcome as RunOutcome
     from runjob.train.entry import run as run
     from runjob.train.flops import meta_model as meta_model
+    from runjob.train.flops import model_flops_per_unit as model_flops_per_unit
     from runjob.train.flops import peak_flops as peak_flops
     from runjob.train.flops import training_flops_per_unit as training_flops_per_unit
 
@@ -57,6 +62,9 @@ _LAZY = {
     "ExistingFile": "runjob.host.components",
     "AbsolutePath": "runjob.host.components",
     "DatasetSplits": "runjob.host.components",
+    "DataFacts": "runjob.host.components",
+    "Adapter": "runjob.host.components",
+    "ExportRequest": "runjob.host.components",
     "ImageTensors": "runjob.host.components",
     "Inputs": "runjob.host.components",
     "StrategyPlan": "runjob.host.components",
@@ -75,6 +83,7 @@ _LAZY = {
     "Job": "runjob.job.validation",
     "Register": "runjob.host.hookspecs",
     "meta_model": "runjob.train.flops",
+    "model_flops_per_unit": "runjob.train.flops",
     "training_flops_per_unit": "runjob.train.flops",
     "peak_flops": "runjob.train.flops",
     "run": "runjob.train.entry",

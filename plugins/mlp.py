@@ -5,9 +5,9 @@ Job files use it as::
 
     [model]
     name = "mlp"
-    in_features = 10       # the dataset's feature columns
+    in_features = 10       # the feature columns (by default: as many as the dataset's samples have)
     hidden = [64, 64]      # one linear layer and activation per entry
-    outputs = 1            # values to predict, or classes
+    outputs = 1            # values to predict, or classes (by default: the dataset's classes, else 1)
 """
 
 from __future__ import annotations
@@ -16,16 +16,18 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from runjob import Options, hookimpl
+from runjob import DataFacts, Options, hookimpl
 
 
 class MLPOptions(Options):
-    in_features: int = Field(..., ge=1)
-    """Inputs per sample; inputs of more dimensions are flattened first."""
+    in_features: int | None = Field(None, ge=1)
+    """Inputs per sample; inputs of more dimensions are flattened first. By default the dataset's
+    (its samples' size)."""
     hidden: list[int] = Field(default_factory=lambda: [64])
     """Width of each hidden layer; [] gives a linear model."""
-    outputs: int = Field(1, ge=1)
-    """Outputs per sample: values for regression, classes for classification."""
+    outputs: int | None = Field(None, ge=1)
+    """Outputs per sample: values for regression, classes for classification. By default the
+    dataset's classes, or 1 (one value) when its targets are values."""
     activation: Literal["relu", "gelu", "tanh"] = "relu"
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout after each hidden layer's activation."""
@@ -38,18 +40,25 @@ class MLPOptions(Options):
         return widths
 
 
-def build_mlp(options: MLPOptions):
+def build_mlp(options: MLPOptions, data: DataFacts):
+    import math
+
     import torch.nn as nn
+
+    if options.in_features is None and data.input_shape is None:
+        raise ValueError("in_features is not given, and the dataset's samples do not say it: set model.in_features")
+    in_features = options.in_features or math.prod(data.input_shape or ())
+    outputs = options.outputs or data.num_classes or 1
 
     activation = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh}[options.activation]
     layers: list[nn.Module] = [nn.Flatten()]
-    width = options.in_features
+    width = in_features
     for hidden in options.hidden:
         layers += [nn.Linear(width, hidden), activation()]
         if options.dropout:
             layers.append(nn.Dropout(options.dropout))
         width = hidden
-    layers.append(nn.Linear(width, options.outputs))
+    layers.append(nn.Linear(width, outputs))
     return nn.Sequential(*layers)
 
 

@@ -17,9 +17,8 @@ from runjob import (
     Run,
     RunFolder,
     hookimpl,
-    meta_model,
+    model_flops_per_unit,
     peak_flops,
-    training_flops_per_unit,
 )
 
 BEST_MODEL = "best"  # the model's name: its folder's, so init_from = "runs:/ID/best" names both
@@ -116,10 +115,12 @@ class Throughput(Callback):
         self.units += run.task.count(batch)
 
     def _count(self, run: Any, batch: Any) -> None:
-        shapes_only = meta_model(run.model)  # a meta copy of the built model: its factory runs once per run
-        self.flops_per_unit = training_flops_per_unit(shapes_only, run.task, batch)
+        # stated by the model, else counted on a meta copy of the built model (its factory runs once
+        # per run), else on one real forward pass
+        self.flops_per_unit, how = model_flops_per_unit(run.model, run.task, batch)
         if self.flops_per_unit:
-            run.set_tags({f"runjob.flops_per_{run.task.unit.removesuffix('s')}": f"{self.flops_per_unit:.6g}"})
+            unit = run.task.unit.removesuffix("s")
+            run.set_tags({f"runjob.flops_per_{unit}": f"{self.flops_per_unit:.6g}", "runjob.flops_counted": how})
 
     def on_evaluation_start(self, run: Any, step: int, epoch: int) -> None:
         if self.since is not None:

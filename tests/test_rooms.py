@@ -31,7 +31,11 @@ def test_a_third_party_strategy_gets_the_built_ins_warnings_from_what_it_states(
     tester.install_plugin("fake-strategies", {"fake_strategies": GPU_STRATEGY}, {"mine": "fake_strategies"})
     tester.write_job("job.toml", SMALL_DIGITS.format(name="facts"))
     host = load_plugins()
-    assert host.components["strategy"]["my_gpu_only"].facts == {"needs_gpu": True, "max_processes": None}
+    assert host.components["strategy"]["my_gpu_only"].facts == {
+        "needs_gpu": True,
+        "max_processes": None,
+        "libraries": (),
+    }
     assert host.components["strategy"]["fsdp"].facts["needs_gpu"] is True  # the built-ins state theirs the same way
 
     gpu = tester.cli("validate", "job.toml", "--set", "strategy.name=my_gpu_only", "--set", "train.cpu=true")

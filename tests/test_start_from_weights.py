@@ -214,8 +214,8 @@ def test_validate_checks_the_new_keys_without_torch(tester):
         ".safetensors file or runs:/RUN_ID) (got 'missing_run_folder')",
         "runjob: job.toml:6: model.freeze: 'layer1(' is not a regular expression: missing ), unterminated subpattern "
         "at position 6 (got ['layer1('])",
-        "runjob: job.toml:7: model.frezee: unknown key; did you mean 'freeze'? Accepted keys: name, cifar_stem, "
-        "freeze, init_from, num_classes, weights, zero_init_residual",
+        "runjob: job.toml:7: model.frezee: unknown key; did you mean 'freeze'? Accepted keys: name, adapters, "
+        "cifar_stem, freeze, init_from, num_classes, weights, zero_init_residual",
         "runjob: job.toml:12: optimizer.groups.0.momentun: unknown key. Accepted keys: lr, params, weight_decay",
     ]
 

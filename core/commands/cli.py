@@ -44,7 +44,7 @@ Train from a declarative TOML job file.
   runjob sweep JOB.toml                                           run the job's [sweep] trials
   runjob evaluate RUN [--split val|test]                          evaluate a trained model, record it
   runjob predict RUN --input PATH [--output FILE]                 predictions as CSV or JSON lines
-  runjob export RUN --format onnx|pt2 [--output FILE]             the trained model as ONNX or a torch.export file
+  runjob export RUN --format onnx|pt2|... [--output PATH]         the trained model as ONNX, torch.export, ...
 
   --disable-plugin NAME (before or after the command; repeatable) or RUNJOB_DISABLE_PLUGINS=NAME,...
   leaves a plugin unloaded. A job picks one plugin's component with name = "PLUGIN:NAME".
@@ -246,7 +246,12 @@ def add_trained_model_commands(commands: argparse._SubParsersAction, uri_default
         ),
     )
     add_run_reference(export)
-    export.add_argument("--format", choices=("onnx", "pt2"), required=True, help="onnx (needs the onnx extra) or pt2")
+    export.add_argument(
+        "--format",
+        required=True,
+        metavar="FORMAT",
+        help="onnx (needs the onnx extra), pt2, or a format a plugin registers (runjob-hf: hf); see `runjob plugins`",
+    )
     export.add_argument(
         "--output",
         type=Path,

@@ -24,6 +24,7 @@ from runjob.errors import RunjobError, first_line
 from runjob.host.run_folder import RunFolder, exported_model_name
 
 ONNX_MODULES = ("onnx", "onnxruntime", "onnxscript")
+BUILT_IN = ("onnx", "pt2")
 SAMPLES = 8  # validation samples the exported file is checked on
 
 
@@ -41,9 +42,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     import torch
     from torch.utils import _pytree as pytree  # torch's walk over nested inputs, as torch.export takes them
 
+    from runjob.host.model_build import merge_adapters
     from runjob.host.plugin_host import load_plugins
-    from runjob.train.trained import build_model, find_run, load_data, load_job, sample_batch
+    from runjob.train.trained import build_trained, find_run, load_data, load_job, sample_batch
 
+    host = load_plugins()
+    exporters = host.components["exporter"]
+    if args.format not in (*BUILT_IN, *exporters):
+        known = ", ".join([*BUILT_IN, *sorted(exporters)])
+        raise RunjobError(f"--format {args.format}: not an export format; the formats: {known}")
     if args.format == "onnx":
         missing = [name for name in ONNX_MODULES if importlib.util.find_spec(name) is None]
         if missing:
@@ -51,13 +58,15 @@ def cmd_export(args: argparse.Namespace) -> int:
                 f"export --format onnx needs {', '.join(missing)}: pip install 'runjob-train[onnx]' (or uv sync "
                 "--extra onnx)"
             )
-    host = load_plugins()
     with tempfile.TemporaryDirectory(prefix="runjob-export-") as scratch:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
         job = load_job(run, [], host)
+        if args.format in exporters:
+            return _plugin_export(args, run, job, exporters[args.format])
         splits, task = load_data(job)
-        model = task_module(build_model(job, run.model_file), task)
-        inputs = task.inputs(sample_batch(splits.val, SAMPLES))
+        trained, adapters = build_trained(job, run.model_file, run.folder, splits)
+        model = task_module(merge_adapters(trained, adapters), task)
+        inputs = task.inputs(sample_batch(splits.val, SAMPLES, splits.collate))
     leaves = pytree.tree_leaves(inputs)
     if not leaves or not all(isinstance(leaf, torch.Tensor) for leaf in leaves):
         kinds = ", ".join(sorted({type(leaf).__name__ for leaf in leaves})) or type(inputs).__name__
@@ -93,6 +102,59 @@ def cmd_export(args: argparse.Namespace) -> int:
         partial.unlink(missing_ok=True)
     checker = "onnxruntime" if args.format == "onnx" else "torch.export.load"
     print(f"max abs difference {difference:.3g} ({checker} against the model, {samples} validation samples)")
+    print(f"runjob: exported model {job.model.name!r} of run {run.label} to {output}", file=sys.stderr)
+    return 0
+
+
+def _plugin_export(args: argparse.Namespace, run: Any, job: Any, exporter: Any) -> int:
+    """``--format NAME`` registered by a plugin (``runjob_register_exporters``): the trained model,
+    adapters merged, and what the run kept of its data (its predictor's inputs, its ``data/``
+    files) go to the plugin's export function, which writes ``--output`` (by default
+    ``OUTPUT_DIR/model.NAME``); it is written whole or not at all."""
+    import shutil
+
+    from runjob.commands.predict import saved_predictor
+    from runjob.errors import ComponentError, describe
+    from runjob.host.components import ExportRequest
+    from runjob.host.model_build import merge_adapters
+    from runjob.train.trained import build_trained
+
+    predictor = saved_predictor(run.folder)
+    trained, adapters = build_trained(job, run.model_file, run.folder)
+    data = RunFolder(run.folder).data_dir
+    artifacts = {file.name: file for file in sorted(data.iterdir())} if data.is_dir() else {}
+    output = _output_path(args, run)
+    if output.exists():
+        raise RunjobError(f"--output {output}: already exists; remove it or name another path")
+    partial = output.with_name(f".{output.name}.partial-{os.getpid()}")
+    request = ExportRequest(
+        model=merge_adapters(trained, adapters).eval(),
+        output=partial,
+        job=job,
+        inputs=predictor.inputs if predictor is not None else None,
+        artifacts=artifacts,
+        task=predictor.task if predictor is not None else None,
+    )
+    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        try:
+            said = exporter.factory(request)
+        except (ValueError, RunjobError) as error:
+            raise RunjobError(f"export --format {args.format} (plugin {exporter.plugin}): {describe(error)}") from None
+        except Exception as error:  # noqa: BLE001 - a broken plugin is one line, not a traceback
+            raise ComponentError(
+                f"export --format {args.format} (plugin {exporter.plugin}) failed: {describe(error)}"
+            ) from error
+        if not partial.exists():
+            raise ComponentError(f"export --format {args.format} (plugin {exporter.plugin}) wrote nothing")
+        os.replace(partial, output)
+    finally:
+        if partial.is_dir():
+            shutil.rmtree(partial, ignore_errors=True)
+        else:
+            partial.unlink(missing_ok=True)
+    if said:
+        print(said)
     print(f"runjob: exported model {job.model.name!r} of run {run.label} to {output}", file=sys.stderr)
     return 0
 

@@ -45,12 +45,23 @@ def cmd_predict(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="runjob-predict-") as scratch:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
         job = load_job(run, args.overrides, host)
-        splits, task = load_data(job)
+        predictor = None if args.overrides else saved_predictor(run.folder)
+        splits = None
+        if predictor is None:  # a run without a saved predictor, or --set dataset.KEY: the data as the job builds it
+            splits, task = load_data(job)
+            context = None
+            if generates(task):
+                context = splits.context or int(task.inputs(sample_batch(splits.val, 1, splits.collate)).shape[-1])
+            predictor = Predictor(task, splits.inputs, splits.classes, context, collate=splits.collate)
+            if predictor.inputs is None and splits.decode is not None:  # a dataset of the older kind
+                predictor.inputs = _Decoder(splits.decode)
+        task = predictor.task
         if args.prompt is not None and not generates(task):
             raise RunjobError(
                 f"--prompt is for a language model; task {job.task.name!r} predicts from --input PATH instead"
             )
-        if splits.read_inputs is None:
+        read_inputs = splits.read_inputs if splits is not None else predictor.inputs.dataset
+        if read_inputs is None:
             raise RunjobError(
                 f"dataset {job.dataset.name!r} cannot read inputs for prediction (its plugin gives no "
                 "DatasetSplits.inputs or read_inputs)"
@@ -59,14 +70,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         if args.prompt is not None:
             source = Path(scratch) / "prompt"
             source.write_text(args.prompt, encoding="utf-8")
-        inputs = splits.read_inputs(source)
+        inputs = read_inputs(source)
         if len(inputs) == 0:
             raise DataError(f"--input {source}: nothing to predict")
-        model = build_model(job, run.model_file).to(best_device())
-        context = int(task.inputs(sample_batch(splits.val, 1)).shape[-1]) if generates(task) else None
-        predictor = Predictor(task, splits.inputs, splits.classes, context)
-        if predictor.inputs is None and splits.decode is not None:  # a dataset of the older kind
-            predictor.inputs = _Decoder(splits.decode)
+        model = build_model(job, run.model_file, run.folder, splits).to(best_device())
         rows = predictor.rows(
             model,
             inputs,
@@ -84,6 +91,27 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.output is not None:
         print(f"runjob: {len(rows)} prediction(s) written to {args.output}", file=sys.stderr)
     return 0
+
+
+def saved_predictor(folder: Path) -> Any:
+    """The predictor the run saved (``prediction.pkl``: its task and the dataset's fitted
+    :class:`runjob.Inputs`, such as a tokenizer), so prediction needs neither the data nor its
+    preparation; ``None`` when the run saved none (its dataset gives no ``runjob.Inputs``)."""
+    from runjob.host.run_folder import PREDICTOR_FILE
+    from runjob.record.prediction import Predictor
+
+    path = folder / PREDICTOR_FILE
+    if not path.is_file():
+        return None
+    try:
+        predictor = Predictor.load(path)
+    except Exception as error:  # noqa: BLE001 - a plugin class renamed since the run: the data can still serve
+        from runjob.errors import describe
+
+        why = describe(error)
+        print(f"runjob: {path} cannot be read ({why}); reading the inputs as the dataset does", file=sys.stderr)
+        return None
+    return predictor if predictor.inputs is not None else None
 
 
 class _Decoder:

@@ -162,6 +162,25 @@ class DatasetSplits:
     columns, image files' bytes, prompt text) exactly as ``runjob predict`` does, with a signature.
     Without it, the MLflow model takes the model's input tensors as they are, and the end of the
     run says so."""
+    collate: Callable[[list[Any]], Any] | None = None
+    """How a list of items becomes a batch, for every split (the DataLoaders' ``collate_fn``):
+    padding a batch only to its longest sequence, for example. Mask the padding
+    (``attention_mask`` 0, labels -100) so it is neither trained on nor counted as tokens. ``None``:
+    runjob's stacking of tensors (and of dicts, tuples and lists of them)."""
+    artifacts: dict[str, str | Path] = field(default_factory=dict)
+    """Files the data was prepared with (a tokenizer's ``tokenizer.json``, a label map), by the
+    name they get: copied into the run's folder (``OUTPUT_DIR/data/NAME``), logged with the MLflow
+    run under ``data/`` and bundled into its MLflow model."""
+    channels: int | None = None
+    """Input channels of image samples; read from the first training sample when not given."""
+    image_size: int | None = None
+    """The side of square image samples; read from the first training sample when not given."""
+    vocab_size: int | None = None
+    """How many token ids the inputs use (a tokenizer's vocabulary)."""
+    context: int | None = None
+    """Tokens per sequence (the longest a batch holds)."""
+    pad_id: int | None = None
+    """The token id that pads sequences."""
 
     def __post_init__(self) -> None:
         if self.inputs is None:
@@ -172,6 +191,115 @@ class DatasetSplits:
             self.read_inputs = self.inputs.dataset
         if self.decode is None and self.inputs.decodes:
             self.decode = self.inputs.decode
+
+
+@dataclass(frozen=True)
+class DataFacts:
+    """What a model factory that takes a second parameter (``factory(options, data)``) learns of
+    the job's data, so a job writes it once: the dataset's :class:`DatasetSplits` fields of the
+    same names. Saved with the run (``OUTPUT_DIR/data_facts.json``): the model is rebuilt from them
+    without the data (``evaluate``, ``predict``, ``export``, the MLflow model)."""
+
+    num_classes: int | None = None
+    """Classes the targets index, or the number of token ids for language modelling."""
+    classes: list[str] | None = None
+    input_shape: tuple[int, ...] | None = None
+    """The shape of one input sample, read from the first training sample when it is an
+    ``(input, target)`` pair of tensors (``(64,)`` for 64 features, ``(3, 32, 32)`` for images)."""
+    channels: int | None = None
+    image_size: int | None = None
+    vocab_size: int | None = None
+    context: int | None = None
+    pad_id: int | None = None
+
+    @classmethod
+    def of(cls, splits: DatasetSplits) -> DataFacts:
+        """The facts of ``splits``; image channels and size read from its first training sample
+        (an ``(input, target)`` pair or an :class:`ImageTensors`) when the dataset does not say."""
+        channels, size = splits.channels, splits.image_size
+        shape = _input_shape(splits.train)
+        if shape is not None and len(shape) == 3:
+            channels = shape[0] if channels is None else channels
+            size = shape[1] if size is None and shape[1] == shape[2] else size
+        return cls(
+            num_classes=splits.num_classes,
+            classes=list(splits.classes) if splits.classes is not None else None,
+            input_shape=shape,
+            channels=channels,
+            image_size=size,
+            vocab_size=splits.vocab_size,
+            context=splits.context,
+            pad_id=splits.pad_id,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in self.__dict__.items() if value is not None}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> DataFacts:
+        known = {key: value for key, value in values.items() if key in cls.__dataclass_fields__}
+        if known.get("input_shape") is not None:
+            known["input_shape"] = tuple(known["input_shape"])
+        return cls(**known)
+
+
+def _input_shape(split: Any) -> tuple[int, ...] | None:
+    """The shape of a split's first input sample, or ``None`` when its items are not
+    ``(tensor, target)`` pairs (or an :class:`ImageTensors`)."""
+    try:
+        if isinstance(split, ImageTensors):
+            shape = tuple(split.images.shape[1:])
+        else:
+            if len(split) == 0:
+                return None
+            item = split[0]
+            sample = item[0] if isinstance(item, (tuple, list)) else None
+            shape = tuple(getattr(sample, "shape", ()))
+    except Exception:  # noqa: BLE001 - a dataset that cannot be read here has no such facts
+        return None
+    return tuple(int(side) for side in shape) if shape else None
+
+
+class Adapter(ABC):
+    """What an adapter's factory returns (``[model.adapters.NAME]``, registered through
+    ``runjob_register_adapters``): a change to a built model such as LoRA, made after
+    ``init_from`` and before ``freeze``."""
+
+    @abstractmethod
+    def apply(self, model: Any) -> Any:
+        """The adapted model (a ``torch.nn.Module``); it may freeze what it does not train."""
+
+    def merge(self, model: Any) -> Any:
+        """The plain model with the adapter folded in, for ``runjob export``; by default the
+        adapted model as it is."""
+        return model
+
+    def save(self, model: Any, folder: Path) -> None:  # noqa: B027 - optional: not every adapter has files
+        """Write the adapter's own files into ``folder`` at the end of a run (optional)."""
+
+    def trainable(self, model: Any) -> str:
+        """One line on what trains: ``trainable 1,024 of 120,000 parameters (0.85%)``."""
+        total = sum(p.numel() for p in model.parameters())
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return f"trainable {trained:,} of {total:,} parameters ({100 * trained / max(total, 1):.2f}%)"
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What an export format registered through ``runjob_register_exporters`` receives."""
+
+    model: Any
+    """The trained model in eval mode on the CPU, adapters merged."""
+    output: Path
+    """Where to write (a file or a folder; it does not exist yet)."""
+    job: Any
+    """The run's resolved job (``runjob.Job``)."""
+    inputs: Inputs | None = None
+    """The run's :class:`Inputs` (what the dataset fitted, e.g. a tokenizer), when it has one."""
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    """The dataset's files the run kept (``DatasetSplits.artifacts``), by name."""
+    task: Any = None
+    """The run's task."""
 
 
 COLUMN_TYPES = ("double", "long", "string", "binary")

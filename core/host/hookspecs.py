@@ -80,13 +80,55 @@ def runjob_register_models(register: Register) -> None:
     """Register model components (``[model] name = ...``).
 
     Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
-    once per model. ``factory(options) -> torch.nn.Module`` returns a model whose forward takes what
-    the job's task passes it (by default the inputs of a batch) and returns what the task expects
-    (each task documents its batches and outputs; the task checks them at the first batch).
+    once per model. ``factory(options) -> torch.nn.Module``, or ``factory(options, data)`` where
+    ``data`` is the dataset's :class:`runjob.DataFacts` (classes, channels, image size, vocabulary
+    size, context, pad id), so a job writes them once: an option such as ``num_classes: int | None =
+    None`` can mean "the dataset's". The facts are saved with the run (``data_facts.json``), so
+    ``evaluate``, ``predict``, ``export`` and the MLflow model rebuild the model without the data.
+    The factory is called once per run (runjob counts FLOPs on a copy of the built model). It returns
+    a model whose forward takes what the job's task passes it (by default the inputs of a batch; a
+    dict of inputs goes in as the keyword arguments the forward names) and returns what the task
+    expects (a tensor, a dict, or an object with ``.logits``, as Hugging Face models return; the
+    task checks them at the first batch). An exception from the factory is reported at the job's
+    ``[model]`` line in one line (exit code 2): raise ``ValueError`` saying what would be right.
+    A model may define ``training_flops(batch) -> float``, the FLOPs of one forward and backward
+    pass over ``batch`` as its task passes it, for ``train/tflops`` and ``train/mfu`` where
+    PyTorch's counter cannot count it.
     The host adds the keys ``init_from`` (weights to start from, loaded by the names of the
-    model's ``state_dict()``) and ``freeze`` (patterns over ``named_parameters()`` names) to every
-    model table; the options model must not declare them. A model built the same way from the same
-    options has the same names, so a run's ``model.safetensors`` loads into it.
+    model's ``state_dict()``), ``adapters`` (``[model.adapters.NAME]``, see
+    :func:`runjob_register_adapters`) and ``freeze`` (patterns over ``named_parameters()`` names)
+    to every model table; the options model must not declare them. A model built the same way from
+    the same options has the same names, so a run's ``model.safetensors`` loads into it.
+    """
+
+
+@hookspec
+def runjob_register_adapters(register: Register) -> None:
+    """Register adapters (``[model.adapters.NAME]`` tables, e.g. the built-in ``lora``): a change
+    to a built model, such as low-rank adapters, made after ``init_from`` has loaded its weights and
+    before ``freeze``.
+
+    Called once, at plugin load; call ``register(name, factory, options=..., description=...)``
+    once per adapter. ``factory(options) -> runjob.Adapter``: an object whose ``apply(model)``
+    returns the adapted model (which parameters train is its choice: it may freeze the rest),
+    ``merge(model)`` the plain model with the adapter folded in (``runjob export``), and
+    ``save(model, folder)`` writes the adapter's own files at the end of a run
+    (``OUTPUT_DIR/adapters/NAME/``). The run's ``model.safetensors`` holds the adapted model's
+    weights, so ``evaluate``, ``predict`` and the MLflow model rebuild it: factory, adapters, weights.
+    """
+
+
+@hookspec
+def runjob_register_exporters(register: Register) -> None:
+    """Register export formats for ``runjob export RUN --format NAME`` (built in: ``onnx``, ``pt2``).
+
+    Called once, at plugin load; call ``register(name, export, description=...)`` once per format.
+    ``export(request: runjob.ExportRequest) -> str`` writes ``request.output`` (a file or a folder)
+    from ``request.model`` (the trained model in eval mode on the CPU, adapters merged) and the run's
+    ``request.inputs`` (its :class:`runjob.Inputs`, e.g. holding a tokenizer) and
+    ``request.artifacts`` (the dataset's files, ``DatasetSplits.artifacts``), and returns one line
+    saying what was written. Raise ``ValueError`` saying why the model cannot be exported that way:
+    ``runjob export`` reports it in one line, exit code 2, and writes nothing.
     """
 
 

@@ -38,6 +38,9 @@ class Kind:
     many: bool = False
     """A job names any number of them, each in its own ``[<plural>.NAME]`` table (callbacks),
     instead of one in ``[name]``."""
+    inside: str | None = None
+    """The table a job names them in (adapters: ``[model.adapters.NAME]``), instead of a table of
+    their own; ``"command"``: no job names them, a command does (export formats)."""
 
     @property
     def hook(self) -> str:
@@ -60,6 +63,8 @@ KINDS: tuple[Kind, ...] = (
         },
     ),
     Kind("task", "tasks", default="classification", options_base=TaskOptions),
+    Kind("adapter", "adapters", inside="model"),
+    Kind("exporter", "exporters", inside="command"),
     Kind(
         "callback",
         "callbacks",
@@ -76,24 +81,39 @@ KINDS: tuple[Kind, ...] = (
     ),
 )
 BY_NAME: dict[str, Kind] = {kind.name: kind for kind in KINDS}
-NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS if not kind.many)
+NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS if not kind.many and kind.inside is None)
 """The kinds a job chooses one of, each in its table (``[model] name = ...``)."""
 MANY_TABLES: tuple[str, ...] = tuple(kind.plural for kind in KINDS if kind.many)
+
+COMMON_FACTS: dict[str, Fact] = {
+    "libraries": Fact(
+        tuple,
+        (),
+        "the distributions it wraps, e.g. ('timm',): a run that uses it is tagged runjob.library.NAME = "
+        "the installed version",
+    ),
+}
+"""Facts every kind's components may state."""
 """The tables of kinds a job lists any number of (``[callbacks.NAME]``)."""
 
 
 def checked_facts(kind: Kind, name: str, given: dict[str, Any]) -> dict[str, Any]:
     """Every fact of ``kind`` for component ``name``: the ones given, checked, and the defaults.
     Raises TypeError (recorded as the plugin's failure) for a fact the kind does not have."""
-    unknown = sorted(set(given) - set(kind.facts))
+    known = {**kind.facts, **COMMON_FACTS}
+    unknown = sorted(set(given) - set(known))
     if unknown:
-        accepted = ", ".join(kind.facts) or "none"
+        accepted = ", ".join(known)
         raise TypeError(
             f"{kind.name} {name!r}: register() got unknown fact(s) {', '.join(unknown)}; {kind.plural} take: {accepted}"
         )
     facts = {}
-    for key, fact in kind.facts.items():
+    for key, fact in known.items():
         value = given.get(key, fact.default)
+        if key == "libraries" and isinstance(value, list):
+            value = tuple(value)
+        if key == "libraries" and not all(isinstance(item, str) and item for item in value):
+            raise TypeError(f"{kind.name} {name!r}: libraries = {value!r} is not valid ({fact.doc})")
         types = _types(fact)
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):  # True is an int
             raise TypeError(f"{kind.name} {name!r}: {key} = {value!r} is not valid ({fact.doc})")

@@ -19,6 +19,9 @@ spells these names. The folder of one run::
     ├── metrics.node1.jsonl          node_metrics_name(1): another machine's system metrics
     ├── mlflow_model/                MLFLOW_MODEL_DIR: the MLflow model (tracking.log_model)
     ├── prediction.pkl               PREDICTOR_FILE: the pickled predictor of the MLflow model
+    ├── data_facts.json              DATA_FACTS_FILE: the dataset's facts the model was built with
+    ├── data/                        DATA_DIR: the dataset's files (DatasetSplits.artifacts)
+    ├── adapters/NAME/               ADAPTERS_DIR: each adapter's own files (LoRA weights)
     ├── runjob.log                   LOG_FILE: what the run printed
     ├── rerun_source.toml            RERUN_SOURCE_FILE: the job ``runjob rerun`` downloaded
     ├── model.onnx | model.pt2       exported_model_name(format): ``runjob export``'s output
@@ -60,6 +63,9 @@ METRICS_PATTERN = "metrics*.jsonl"
 """Every machine's metric files: ``metrics.jsonl`` and ``metrics.nodeN.jsonl``."""
 MLFLOW_MODEL_DIR = "mlflow_model"
 PREDICTOR_FILE = "prediction.pkl"
+DATA_FACTS_FILE = "data_facts.json"
+DATA_DIR = "data"
+ADAPTERS_DIR = "adapters"
 LOG_FILE = "runjob.log"
 RERUN_SOURCE_FILE = "rerun_source.toml"
 PROFILE_DIR = "profile"
@@ -118,6 +124,20 @@ class RunFolder:
     def weights(self) -> Path:
         """``model.safetensors``: the final weights."""
         return self.root / WEIGHTS_FILE
+
+    @property
+    def data_facts(self) -> Path:
+        """``data_facts.json``: the dataset's facts the model factory was given."""
+        return self.root / DATA_FACTS_FILE
+
+    @property
+    def data_dir(self) -> Path:
+        """``data/``: the dataset's files the run keeps (``DatasetSplits.artifacts``)."""
+        return self.root / DATA_DIR
+
+    def adapter_dir(self, name: str) -> Path:
+        """``adapters/NAME/``: adapter ``name``'s own files."""
+        return self.root / ADAPTERS_DIR / name
 
     @property
     def models_file(self) -> Path:

@@ -94,6 +94,8 @@ class ResolvedJob:
     """``[model]``'s runjob keys: ``init_from``, ``freeze``."""
     optimizer_setup: OptimizerSetup = field(default_factory=OptimizerSetup)
     """``[optimizer]``'s runjob keys: ``groups``, ``no_decay_norm_and_bias``."""
+    adapters: dict[str, Chosen] = field(default_factory=dict)
+    """``[model.adapters.NAME]``: the adapters applied to the model after ``init_from``, in order."""
 
     def enabled_callbacks(self) -> dict[str, Chosen]:
         """The callbacks that run (``enabled`` not switched off), in the order they are called."""
@@ -115,6 +117,8 @@ class ResolvedJob:
                 if table in _SETUP_MODELS:  # only the keys set: a job without them reads as it always did
                     setup: BaseModel = getattr(self, f"{table}_setup")
                     values.update(setup.model_dump(mode="json", exclude_defaults=True))
+                if table == "model" and self.adapters:
+                    values[ADAPTERS_KEY] = {name: _dump(chosen.options) for name, chosen in self.adapters.items()}
             else:
                 values = _dump(getattr(self, table))
             tables[table] = values
@@ -170,7 +174,8 @@ def _check(
         if model is OptimizerSetup:  # its own keys are split off by name: an unknown key is inside a group
             accepted = sorted(ParamGroup.model_fields)
         elif table in _SETUP_MODELS:  # runjob's own keys of the table are accepted too
-            accepted = ["name", *sorted({*model.model_fields, *_SETUP_MODELS[table].model_fields})]
+            own = {*model.model_fields, *_SETUP_MODELS[table].model_fields}
+            accepted = ["name", *sorted(own | ({ADAPTERS_KEY} if table == "model" else set()))]
         problems.extend(_problems_from(error, table, raw, accepted, also))
         return None
 
@@ -210,6 +215,8 @@ def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem]) 
         values = {k: v for k, v in values.items() if k not in LoaderOptions.model_fields}
     if table in _SETUP_MODELS:
         values = {k: v for k, v in values.items() if k not in _SETUP_MODELS[table].model_fields}
+    if table == "model":
+        values.pop(ADAPTERS_KEY, None)
     options = _check(component.options, values, table, raw, problems)
     return Chosen(_reported(component, table, raw), options) if options is not None else None
 
@@ -259,6 +266,7 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
         setup_values = {k: v for k, v in table_values.items() if k in setup_model.model_fields}
         setups[f"{table}_setup"] = _check(setup_model, setup_values, table, raw, problems)
     sweep = _check_sweep(raw, problems)
+    adapters = choose_adapters(raw, host, problems)
     before = len(problems)
     callbacks = _choose_callbacks(raw, host, problems)
     task = chosen["task"]
@@ -279,7 +287,40 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
         )
     # without problems every table was checked: none of these is None
     tables: dict[str, Any] = {"loader": loader, **host_tables, **chosen, **setups}
-    return ResolvedJob(source=raw, sweep=sweep, callbacks=callbacks, metrics=metrics or {}, **tables)
+    return ResolvedJob(source=raw, sweep=sweep, callbacks=callbacks, metrics=metrics or {}, adapters=adapters, **tables)
+
+
+ADAPTERS_KEY = "adapters"
+
+
+def choose_adapters(raw: RawJob, host: PluginHost, problems: list[Problem]) -> dict[str, Chosen]:
+    """The job's ``[model.adapters.NAME]`` tables in order: each NAME a registered adapter, its
+    keys that adapter's options."""
+    model = raw.data.get("model", {})
+    value = model.get(ADAPTERS_KEY, {}) if isinstance(model, dict) else {}
+    where = f"model.{ADAPTERS_KEY}"
+    if not isinstance(value, dict):
+        origin = raw.origin(where)
+        problems.append(Problem(origin.file, where, f"must be tables [{where}.NAME], got {value!r}", origin.line))
+        return {}
+    chosen: dict[str, Chosen] = {}
+    for name, options in value.items():
+        key = f"{where}.{name}"
+        origin = raw.origin(key)
+        if not isinstance(options, dict):
+            message = f"must be a table of the adapter's options ([{key}]), got {options!r}"
+            problems.append(Problem(origin.file, key, message, origin.line))
+            continue
+        try:
+            component = host.lookup("adapter", name)
+        except ComponentLookupError as error:
+            problems.append(Problem(origin.file, key, str(error), origin.line))
+            continue
+        checked = _check(component.options, options, key, raw, problems)
+        if checked is not None:
+            where_named = f"{origin.file}:{origin.line}" if origin.line else origin.file
+            chosen[name] = Chosen(reported(component, key, where_named), checked)
+    return chosen
 
 
 def task_metrics(task: Chosen) -> dict[str, str]:
@@ -514,6 +555,16 @@ def load_model_table(path: str | Path, host: PluginHost) -> Chosen:
     if chosen is None:
         raise JobError(problems)
     return chosen
+
+
+def load_model_adapters(path: str | Path, host: PluginHost) -> dict[str, Chosen]:
+    """The ``[model.adapters.NAME]`` tables of the job in ``path``, checked (with
+    :func:`load_model_table`: what rebuilds a run's model). Raises JobError."""
+    problems: list[Problem] = []
+    adapters = choose_adapters(load_job(path, []), host, problems)
+    if problems:
+        raise JobError(problems)
+    return adapters
 
 
 Job = ResolvedJob

@@ -42,6 +42,9 @@ def save_mlflow_model(
         shutil.rmtree(folder, ignore_errors=True)
         plugin = next((p for p in (host.plugins if host else []) if p.name == job.model.component.plugin), None)
         names = ["torch", "runjob-train", "safetensors", *([plugin.distribution] if plugin else [])]
+        # what the model's and adapters' components wrap (transformers, peft), by their `libraries` fact
+        for component in [job.model.component, *(chosen.component for chosen in getattr(job, "adapters", {}).values())]:
+            names += [name for name in component.facts.get("libraries", ()) if _installed(name)]
         wheels, pinned = [], []
         for name in dict.fromkeys(names):
             try:
@@ -62,7 +65,9 @@ def save_mlflow_model(
     import torch
     from accelerate.utils import load_checkpoint_in_model
 
-    model = job.model.component.factory(job.model.options)
+    from runjob.host.model_build import rebuild_model
+
+    model, _ = rebuild_model(job.model, getattr(job, "adapters", {}), output_dir)
     load_checkpoint_in_model(model, str(output_dir))
     model.eval()
     folder = output_dir / MODEL_FOLDER
@@ -93,6 +98,16 @@ def save_mlflow_model(
             "the weights are saved in model.safetensors. Use tracking.log_model = 'pickle' (or 'none')"
         ) from None
     return folder
+
+
+def _installed(distribution: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
 
 
 def model_requirements(model: Any) -> list[str]:

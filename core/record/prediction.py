@@ -34,6 +34,8 @@ class Predictor:
     context: int | None
     output_columns: dict[str, str] | None = None
     """The columns and types of a prediction row (without ``input``), for the MLflow signature."""
+    collate: Any = None
+    """The dataset's ``DatasetSplits.collate`` (padding a batch of inputs), or ``None``: stacking."""
 
     def save(self, folder: Path) -> Path:
         """Pickle this predictor into ``folder`` (written whole or not at all)."""
@@ -62,7 +64,8 @@ class Predictor:
             settings = {**GENERATION_DEFAULTS, **{k: v for k, v in generation.items() if v is not None}}
             decode = self.inputs.decode if self.inputs is not None and self.inputs.decodes else None
             return continuation_rows(model, self.task, decode, items, self.context or 0, **settings)
-        return prediction_rows(model, self.task, self.classes, items, batch_size, source, what)
+        collate_inputs = getattr(self, "collate", None)  # a predictor pickled before it had one: stacking
+        return prediction_rows(model, self.task, self.classes, items, batch_size, source, what, collate_inputs)
 
 
 def collate(batch: list[Any]) -> Any:
@@ -81,18 +84,27 @@ def collate(batch: list[Any]) -> Any:
 
 
 def prediction_rows(
-    model: Any, task: Any, classes: list[str] | None, items: Any, batch_size: int, source: str, what: str = "the model"
+    model: Any,
+    task: Any,
+    classes: list[str] | None,
+    items: Any,
+    batch_size: int,
+    source: str,
+    what: str = "the model",
+    collate_inputs: Any = None,
 ) -> list[dict[str, Any]]:
     """One row per item: its name (``input``) and the task's prediction columns, batch by batch.
     An item's input is one sample of the model's inputs (a tensor, a dict of tensors): batches of
-    them go to the model through the task (``Task.call_model``), as in training."""
+    them (``collate_inputs``, the dataset's collate, or stacking) go to the model through the task
+    (``Task.call_model``), as in training."""
     import torch
     from torch.utils.data import DataLoader
 
     device = next(model.parameters()).device
     rows: list[dict[str, Any]] = []
+    batches = _NamedBatches(collate_inputs) if collate_inputs is not None else collate
     with torch.no_grad():
-        for names, batch in DataLoader(items, batch_size=batch_size, collate_fn=collate):
+        for names, batch in DataLoader(items, batch_size=batch_size, collate_fn=batches):
             try:
                 outputs = task.call_model(model, to_device(batch, device))
             except (RuntimeError, TypeError) as error:  # torch's shape errors; a model called with the wrong arguments
@@ -105,6 +117,16 @@ def prediction_rows(
                 {"input": name, **{key: values[i] for key, values in columns.items()}} for i, name in enumerate(names)
             )
     return rows
+
+
+class _NamedBatches:
+    """``(name, input)`` items as a list of names and the inputs collated by the dataset's collate."""
+
+    def __init__(self, collate_inputs: Any) -> None:
+        self.collate_inputs = collate_inputs
+
+    def __call__(self, items: list[tuple[str, Any]]) -> tuple[list[str], Any]:
+        return [name for name, _ in items], self.collate_inputs([value for _, value in items])
 
 
 def to_device(inputs: Any, device: Any) -> Any:

@@ -34,6 +34,9 @@ from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
 WEIGHTS = "weights"
 JOB = "job"
 PREDICTOR = "predictor"
+DATA_FACTS = "data_facts"
+DATA_ARTIFACT = "data_"
+"""The prefix of the dataset's files (``DatasetSplits.artifacts``) among the model's artifacts."""
 WHEELS_FOLDER = "wheels"
 
 
@@ -44,12 +47,16 @@ class TrainedModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context: Any) -> None:
         from safetensors.torch import load_model
 
+        from runjob.host.model_build import rebuild_model
         from runjob.host.plugin_host import load_plugins
-        from runjob.job.validation import load_model_table
+        from runjob.job.validation import load_model_adapters, load_model_table
         from runjob.record.prediction import Predictor
 
-        chosen = load_model_table(Path(context.artifacts[JOB]), load_plugins())
-        self.model = chosen.component.factory(chosen.options)
+        host = load_plugins()
+        job_file = Path(context.artifacts[JOB])
+        facts = context.artifacts.get(DATA_FACTS)
+        folder = Path(facts).parent if facts else None  # data_facts.json beside it, as in the run's folder
+        self.model, _ = rebuild_model(load_model_table(job_file, host), load_model_adapters(job_file, host), folder)
         load_model(self.model, context.artifacts[WEIGHTS], strict=True)
         self.model.eval()
         predictor = context.artifacts.get(PREDICTOR)
@@ -135,6 +142,10 @@ def save_trained_model(
     artifacts = {WEIGHTS: str(paths.weights), JOB: str(paths.job_file)}
     if prediction and (output_dir / PREDICTOR_FILE).is_file():
         artifacts[PREDICTOR] = str(output_dir / PREDICTOR_FILE)
+    if paths.data_facts.is_file():
+        artifacts[DATA_FACTS] = str(paths.data_facts)
+    if paths.data_dir.is_dir():  # the tokenizer, label map...: what the data was prepared with
+        artifacts.update({DATA_ARTIFACT + file.name: str(file) for file in sorted(paths.data_dir.iterdir())})
     requirements = [f"{WHEELS_FOLDER}/{wheel.name}" for wheel in wheels] + requirements
     logger = logging.getLogger("mlflow.pyfunc")  # its advice against pickled objects: this one is a
     level = logger.level  # class of runjob's, pickled by reference, with no state of its own

@@ -94,14 +94,14 @@ def pins_memory(job: Any, on_cuda: bool) -> bool:
     return on_cuda if job.loader.pin_memory is None else job.loader.pin_memory
 
 
-def example_batch(split: Any) -> Any:
+def example_batch(split: Any, collate_fn: Any = None) -> Any:
     """A batch of the split's first item, twice, on the CPU, as the loop sees it (for logging the
-    model: ``torch.export`` would fix a batch of one as a constant)."""
+    model: ``torch.export`` would fix a batch of one as a constant); ``collate_fn``: the dataset's."""
     if isinstance(split, ImageTensors):
         import torch
 
         return BatchedImages(split, torch.device("cpu"), seed=0, augment=False).__getitems__([0, 0])
-    return collate([split[0], split[0]])
+    return (collate_fn or collate)([split[0], split[0]])
 
 
 def _check_in_memory_loader(job: Any) -> None:
@@ -153,7 +153,7 @@ def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any
         "pin_memory": pins_memory(job, accelerator.device.type == "cuda"),
         "persistent_workers": loader.persistent_workers,
         "prefetch_factor": loader.prefetch_factor,
-        "collate_fn": collate,
+        "collate_fn": splits.collate or collate,
     }
     on_device = {"num_workers": 0, "pin_memory": False, "collate_fn": already_batched}
     channels_last = job.train.channels_last

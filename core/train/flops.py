@@ -1,11 +1,19 @@
 """Model FLOPs per trained sample (PyTorch's own FLOP counter) and the device's peak, for MFU.
 
-The count runs once per run, at the first batch (for its shape), on a copy of the run's model made
-on the ``meta`` device from the built model itself (its structure and shapes; no data copied): the
-model's factory is not called again, so its side effects (loading weights, downloads) happen once
-per run; no memory, no time on the real device, no extra read of the data, and the model's own
-state (weights, BatchNorm statistics, RNG) is untouched. When the model cannot be counted, one
-line says so and why, and ``train/tflops`` / ``train/mfu`` are not logged.
+The count runs once per run, at the first batch (for its shape), the first of these ways that works
+(:func:`model_flops_per_unit`):
+
+1. the model states them: a ``training_flops(batch)`` method (FLOPs of one forward and backward
+   pass over the batch as its task passes it);
+2. counted on a copy of the run's model made on the ``meta`` device from the built model itself
+   (its structure and shapes; no data copied): the model's factory is not called again, so its side
+   effects (loading weights, downloads) happen once per run; no memory, no time on the real device,
+   and the model's own state (weights, BatchNorm statistics, RNG) is untouched;
+3. where the meta count fails (models that read values, such as Hugging Face's attention masks):
+   one real forward pass over the batch, counted, in eval mode without gradients (the model's state
+   untouched), times 3 for the backward pass (which costs about twice the forward).
+
+When none works, one line says so and why, and ``train/tflops`` / ``train/mfu`` are not logged.
 """
 
 from __future__ import annotations
@@ -28,12 +36,72 @@ PEAK_TFLOPS = (
 )
 
 
-def meta_model(model: Any) -> Any:
+def model_flops_per_unit(model: Any, task: Any, batch: Any) -> tuple[float | None, str]:
+    """FLOPs of one training step per unit of ``batch`` (what ``task.count`` counts) and how they
+    were found (``"stated"``, ``"meta"``, ``"forward x3"``); ``(None, "")`` after one line saying why
+    there is no count."""
+    from runjob.errors import describe
+
+    plain = _unwrapped(model)
+    units = task.count(batch)
+    stated = getattr(plain, "training_flops", None)
+    if callable(stated):
+        try:
+            total = float(stated(batch))
+        except Exception as error:  # noqa: BLE001 - a model's own estimate failing just means no MFU
+            say_no_count(f"the model's training_flops(batch) failed: {describe(error)}")
+            return None, ""
+        if total > 0 and units:
+            return total / units, "stated"
+        say_no_count(f"the model's training_flops(batch) gave {total} for {units} {getattr(task, 'unit', 'samples')}")
+        return None, ""
+    reasons: list[str] = []
+    copy = meta_model(plain, reasons)
+    if copy is not None:
+        per_unit = training_flops_per_unit(copy, task, batch, reasons)
+        if per_unit:
+            return per_unit, "meta"
+    per_unit = _forward_flops_per_unit(plain, task, batch, units, reasons)
+    if per_unit:
+        return per_unit, "forward x3"
+    say_no_count("; ".join(reasons))
+    return None, ""
+
+
+def _forward_flops_per_unit(model: Any, task: Any, batch: Any, units: int, reasons: list[str]) -> float | None:
+    """3x the counted FLOPs of one real forward pass over ``batch`` in eval mode without
+    gradients, per unit; ``None`` (and why in ``reasons``) when it cannot be counted."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from runjob.errors import describe
+
+    training = model.training
+    model.eval()
+    try:
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), counter:
+            task.forward(model, batch)
+        total = counter.get_total_flops()
+    except Exception as error:  # noqa: BLE001 - a model the counter can't trace just has no MFU
+        reasons.append(f"a real forward pass: {describe(error)}")
+        return None
+    finally:
+        model.train(training)
+    if not total or not units:
+        reasons.append(f"a real forward pass: the counter found {total} FLOPs for {units} units")
+        return None
+    return float(3 * total / units)
+
+
+def meta_model(model: Any, reasons: list[str] | None = None) -> Any:
     """A copy of ``model`` on the ``meta`` device (shapes only: no memory, no data copied, the
     original untouched); ``model`` is a built ``torch.nn.Module`` (a prepared one is unwrapped), or,
     as before, a function that builds one, called once under ``torch.device("meta")``. ``None``
-    when no copy can be made, and a line says why."""
+    when no copy can be made, and a line says why (or, given ``reasons``, why is added to it)."""
     import torch
+
+    from runjob.errors import describe
 
     try:
         if isinstance(model, torch.nn.Module):
@@ -41,7 +109,10 @@ def meta_model(model: Any) -> Any:
         with torch.device("meta"):
             return model()
     except Exception as error:  # noqa: BLE001 - a model that insists on real tensors just has no MFU
-        say_no_count(error)
+        if reasons is None:
+            say_no_count(error)
+        else:
+            reasons.append(f"a meta copy: {describe(error)}")
         return None
 
 
@@ -88,10 +159,11 @@ def say_no_count(error: BaseException | str) -> None:
     print(f"runjob: the model's FLOPs were not counted (no train/tflops, train/mfu): {why}", flush=True)
 
 
-def training_flops_per_unit(meta_model: Any, task: Any, batch: Any) -> float | None:
+def training_flops_per_unit(meta_model: Any, task: Any, batch: Any, reasons: list[str] | None = None) -> float | None:
     """FLOPs of one forward and backward pass per unit of ``batch`` (what ``task.count`` counts:
     samples, tokens), counted on a :func:`meta_model` fed a meta-device copy of the batch's shapes;
-    ``None`` when the model cannot be counted."""
+    ``None`` when the model cannot be counted (one line says why; given ``reasons``, why is added
+    to it instead)."""
     import torch
     from accelerate.utils import recursively_apply
     from torch.utils.flop_counter import FlopCounterMode
@@ -107,10 +179,19 @@ def training_flops_per_unit(meta_model: Any, task: Any, batch: Any) -> float | N
         total = counter.get_total_flops()
         units = task.count(shapes)
     except Exception as error:  # noqa: BLE001 - a model or task the counter can't trace just has no MFU
-        say_no_count(error)
+        if reasons is None:
+            say_no_count(error)
+        else:
+            from runjob.errors import describe
+
+            reasons.append(f"the meta device: {describe(error)}")
         return None
     if not total or not units:
-        say_no_count(f"the counter found {total} FLOPs for {units} {getattr(task, 'unit', 'samples')}")
+        why = f"the counter found {total} FLOPs for {units} {getattr(task, 'unit', 'samples')}"
+        if reasons is None:
+            say_no_count(why)
+        else:
+            reasons.append(f"the meta device: {why}")
         return None
     return float(total / units)
 

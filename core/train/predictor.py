@@ -33,11 +33,12 @@ def save_predictor(
     context, outputs = None, None
     generating = generates(task)
     if generating:
-        context = int(task.inputs(sample_batch(splits.val, 1)).shape[-1])  # the length the model was trained on
+        # the length the model was trained on
+        context = splits.context or int(task.inputs(sample_batch(splits.val, 1, splits.collate)).shape[-1])
         outputs = {"continuation": "string"} if inputs.decodes else None
     elif accelerator.distributed_type.name not in SHARDED:  # a sharded model's forward needs every process
         outputs = _output_columns(accelerator.unwrap_model(model, keep_torch_compile=False), task, splits)
-    predictor = Predictor(task, inputs, splits.classes, context, outputs)
+    predictor = Predictor(task, inputs, splits.classes, context, outputs, splits.collate)
     try:
         predictor.save(output_dir)
     except Exception as error:  # noqa: BLE001 - pickle raises many kinds for an object it cannot store
@@ -50,11 +51,12 @@ def _output_columns(model: Any, task: Any, splits: Any) -> dict[str, str] | None
     from runjob.record.prediction import prediction_rows, samples_of
     from runjob.train.trained import sample_batch
 
-    samples = samples_of(task.inputs(sample_batch(splits.val, 2)))  # each as Inputs.encode gives one
+    samples = samples_of(task.inputs(sample_batch(splits.val, 2, splits.collate)))  # each as Inputs.encode gives one
     training = model.training
     model.eval()
     try:
-        rows = prediction_rows(model, task, splits.classes, [(str(i), x) for i, x in enumerate(samples)], 2, "")
+        items = [(str(i), x) for i, x in enumerate(samples)]
+        rows = prediction_rows(model, task, splits.classes, items, 2, "", collate_inputs=splits.collate)
     except Exception:  # noqa: BLE001 - only the signature's outputs depend on it: the model still predicts
         return None
     finally:

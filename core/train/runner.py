@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -15,10 +16,18 @@ from typing import Any, Literal
 
 import tomli_w
 
-from runjob.errors import ComponentError, RunjobError, Terminated, TrainingError, describe
+from runjob.errors import ComponentError, DataError, RunjobError, Terminated, TrainingError, describe
 from runjob.host.callback import Callback
-from runjob.host.components import DatasetSplits
+from runjob.host.components import Adapter, DataFacts, DatasetSplits
 from runjob.host.events import Dispatcher, Event
+from runjob.host.model_build import (
+    adapter_places,
+    apply_adapters,
+    build_model,
+    library_versions,
+    make_adapters,
+    write_facts,
+)
 from runjob.host.plugin_host import PluginHost
 from runjob.host.run_context import (
     Clock,
@@ -30,7 +39,7 @@ from runjob.host.run_context import (
     save_weights,
     write_named_models,
 )
-from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
+from runjob.host.run_folder import ADAPTERS_DIR, DATA_DIR, WEIGHTS_FILE, RunFolder
 from runjob.host.task import Task, declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
 from runjob.job.validation import ResolvedJob
@@ -132,23 +141,33 @@ class Built:
     val_loader: Any
     test_loader: Any
     schedule: Schedule
+    facts: DataFacts = field(default_factory=DataFacts)
+    """What the model factory was told of the data (saved as ``data_facts.json``)."""
+    adapters: dict[str, Adapter] = field(default_factory=dict)
+    """The job's adapters, applied to the model (``[model.adapters.NAME]``)."""
 
 
 def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None, resuming: bool = False) -> Built:
     """Dataset, task, model, optimizer and loaders, prepared; then the scheduler for the real step count.
 
-    The model starts from ``model.init_from`` when set (its lineage tagged on the run through
-    ``recorder``; not when ``resuming``: the checkpoint holds the weights), has ``model.freeze``'s
-    parameters frozen, and its trainable parameters are handed to the optimizer's factory as param
-    groups (``[optimizer] groups``)."""
+    The model is built once, from its options and the data's facts; it starts from
+    ``model.init_from`` when set (its lineage tagged on the run through ``recorder``; not when
+    ``resuming``: the checkpoint holds the weights), then gets its adapters
+    (``[model.adapters.NAME]``), has ``model.freeze``'s parameters frozen, and its trainable
+    parameters are handed to the optimizer's factory as param groups (``[optimizer] groups``)."""
     from runjob.train import initialization
     from runjob.train.data_loading import make_loaders
     from runjob.train.trained import load_data
 
     with accelerator.main_process_first():  # one process downloads, the others read its copy
         splits, task = load_data(job)
-    model = job.model.component.factory(job.model.options)
+    facts = DataFacts.of(splits)
+    model = build_model(job.model.component.factory, job.model.options, facts)
     said = [_start_from(job, accelerator, model, recorder) if not resuming else None]
+    adapters = make_adapters(job.adapters)
+    if adapters:
+        model = apply_adapters(model, adapters, adapter_places(job.adapters))
+        said.append(f"adapters {', '.join(adapters)}: {next(iter(adapters.values())).trainable(model)}")
     if job.train.channels_last:
         import torch
 
@@ -167,7 +186,9 @@ def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None,
     schedule = plan_schedule(job.train, len(train_loader))
     # Not passed through prepare: Accelerate would step it once per process per optimizer step.
     scheduler = job.scheduler.component.factory(optimizer, job.scheduler.options, schedule.total_steps)
-    return Built(splits, task, model, optimizer, scheduler, train_loader, val_loader, test_loader, schedule)
+    return Built(
+        splits, task, model, optimizer, scheduler, train_loader, val_loader, test_loader, schedule, facts, adapters
+    )
 
 
 def _start_from(job: ResolvedJob, accelerator: Any, model: Any, recorder: Recorder | None) -> str | None:
@@ -231,6 +252,7 @@ def _session(request: RunRequest, host: PluginHost, stop: StopRequest) -> RunOut
         _say_start(job, accelerator, recorder, run_id, prepared.checkpoint)
         sampler = sampler or _system_metrics(job, recorder, accelerator, "node")
         recorder.log_input(dataset_lineage(job, built.splits), "training")
+        _keep_data(recorder, accelerator, job, output_dir, built)
         _record_baselines(recorder, accelerator, built.splits.baselines)
         run, events, loop = _assemble(request, host, prepared, built, recorder, run_id, stop)
         loop.fit()
@@ -363,6 +385,7 @@ def _finish_training(
     save_weights(accelerator, built.model, output_dir)
     if not accelerator.is_main_process:
         return []
+    _save_adapters(recorder, accelerator, built, output_dir)
     tidied = tidy_finished(output_dir, job.train.keep_checkpoints_finished)
     if tidied:
         print(f"runjob: {tidied}")
@@ -511,7 +534,45 @@ def _record_outputs(
     if job.tracking.log_model != "none":
         from runjob.train.data_loading import example_batch
 
-        recorder.log_model(task.inputs(example_batch(splits.val)))
+        recorder.log_model(task.inputs(example_batch(splits.val, splits.collate)))
+
+
+def _keep_data(recorder: Recorder, accelerator: Any, job: ResolvedJob, output_dir: Path, built: Built) -> None:
+    """On the main process: the data's facts (``data_facts.json``) and files
+    (``DatasetSplits.artifacts``, copied into ``data/``) kept with the run and logged; the versions
+    of the libraries the job's components wrap tagged (``runjob.library.NAME``)."""
+    if not accelerator.is_main_process:
+        return
+    folder = RunFolder(output_dir)
+    recorder.log_artifact(write_facts(output_dir, built.facts))
+    for name, source in built.splits.artifacts.items():
+        source = Path(source)
+        if not source.is_file():
+            raise DataError(f"dataset {job.dataset.name!r}: its artifact {name!r} is not a file: {source}")
+        folder.data_dir.mkdir(exist_ok=True)
+        kept = folder.data_dir / name
+        if source.resolve() != kept.resolve():
+            shutil.copy2(source, kept)
+        recorder.log_artifact(kept, DATA_DIR)
+    components = [job.model.component, job.dataset.component, job.task.component]
+    components += [chosen.component for chosen in job.adapters.values()]
+    tags = library_versions(components)
+    if tags:
+        recorder.set_tags(tags)
+
+
+def _save_adapters(recorder: Recorder, accelerator: Any, built: Built, output_dir: Path) -> None:
+    """Each adapter's own files (LoRA weights and config) in ``adapters/NAME/``, logged."""
+    if not built.adapters:
+        return
+    model = accelerator.unwrap_model(built.model, keep_torch_compile=False)
+    for name, adapter in built.adapters.items():
+        folder = RunFolder(output_dir).adapter_dir(name)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        adapter.save(model, folder)
+        if any(folder.iterdir()):
+            recorder.log_artifact(folder, f"{ADAPTERS_DIR}/{name}")
 
 
 def _record_named_models(recorder: Recorder, output_dir: Path) -> None:

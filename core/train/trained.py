@@ -17,11 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError, TrainingError, first_line
-from runjob.host.components import DatasetSplits, ImageTensors
+from runjob.host.components import DataFacts, DatasetSplits, ImageTensors
+from runjob.host.model_build import adapter_places, apply_adapters, make_adapters, read_facts, takes_data
+from runjob.host.model_build import build_model as make_model
 from runjob.host.run_context import Run, RunParts
-from runjob.host.run_folder import JOB_FILE, WEIGHTS_FILE, RunFolder
+from runjob.host.run_folder import DATA_FACTS_FILE, JOB_FILE, WEIGHTS_FILE, RunFolder
 from runjob.host.task import Task
-from runjob.job.validation import ResolvedJob, load_resolved
+from runjob.job.jobfile import load_job as load_job_file
+from runjob.job.validation import ResolvedJob, resolve
 from runjob.record.local import RunRecord
 from runjob.record.store import download_artifact, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
@@ -109,6 +112,7 @@ def _from_mlflow(reference: str, tracking_uri: str | None, scratch: Path) -> Tra
     if output_dir is None:  # the folder is on another machine, or gone: the recorded copies
         _download(uri, run_id, JOB_FILE, scratch, required=True)
         _download(uri, run_id, WEIGHTS_FILE, scratch, required=False)
+        _download(uri, run_id, DATA_FACTS_FILE, scratch, required=False)
     return found
 
 
@@ -127,21 +131,39 @@ def load_job(run: TrainedRun, overrides: list[str], host: Any) -> ResolvedJob:
             raise RunjobError(
                 f"--set {override}: only the dataset can be changed for a trained model; give dataset.KEY=VALUE"
             )
-    return load_resolved(run.job_file, overrides, host)
+    raw = load_job_file(run.job_file, overrides)
+    model = raw.data.get("model")
+    if isinstance(model, dict):  # the trained weights replace where training started: it need not be here
+        model.pop("init_from", None)
+    return resolve(raw, host)
 
 
-def build_model(job: ResolvedJob, model_file: Path) -> Any:
+def build_model(job: ResolvedJob, model_file: Path, folder: Path | None = None, splits: Any = None) -> Any:
     """The job's model with the run's trained weights (every weight must fit: strict), in eval mode, on the CPU."""
+    return build_trained(job, model_file, folder, splits)[0]
+
+
+def build_trained(
+    job: ResolvedJob, model_file: Path, folder: Path | None = None, splits: Any = None
+) -> tuple[Any, dict[str, Any]]:
+    """:func:`build_model`, and the job's adapters (to merge them for export). The model factory
+    gets the facts the run saved in ``folder`` (``data_facts.json``); for a run from before they
+    were saved, those of ``splits`` (or of the job's dataset, built for it)."""
     from safetensors.torch import load_model
 
-    model = job.model.component.factory(job.model.options)
+    facts = read_facts(folder) if folder is not None else None
+    if facts is None and takes_data(job.model.component.factory):
+        facts = DataFacts.of(splits if splits is not None else load_data(job)[0])
+    adapters = make_adapters(job.adapters)
+    built = make_model(job.model.component.factory, job.model.options, facts)
+    model = apply_adapters(built, adapters, adapter_places(job.adapters))
     try:
         load_model(model, str(model_file), strict=True)
     except Exception as error:  # noqa: BLE001 - names that differ, shapes that differ, a damaged file
         raise RunjobError(
             f"{model_file} does not fit model {job.model.name!r} as the job builds it: {first_line(error)[:300]}"
         ) from None
-    return model.eval()
+    return model.eval(), adapters
 
 
 def load_data(job: ResolvedJob) -> tuple[DatasetSplits, Task]:
@@ -191,7 +213,7 @@ def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, f
         raise RunjobError(
             f"dataset {job.dataset.name!r} has no test split (as the run's job sets it up): use --split val"
         )
-    model = build_model(job, run.model_file)
+    model = build_model(job, run.model_file, run.folder, splits)
     if job.train.channels_last:
         import torch
 
@@ -203,9 +225,9 @@ def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, f
         return evaluate(context, loader, split)
 
 
-def sample_batch(split: Any, count: int = 8) -> Any:
+def sample_batch(split: Any, count: int = 8, collate_fn: Any = None) -> Any:
     """The first ``count`` samples of a split (fewer when it is smaller) as one batch on the CPU,
-    as evaluation sees them."""
+    as evaluation sees them (``collate_fn``: the dataset's ``DatasetSplits.collate``)."""
     from runjob.train.data_loading import BatchedImages, collate
 
     indices = list(range(min(count, len(split))))
@@ -213,4 +235,4 @@ def sample_batch(split: Any, count: int = 8) -> Any:
         import torch
 
         return BatchedImages(split, torch.device("cpu"), seed=0, augment=False).__getitems__(indices)
-    return collate([split[index] for index in indices])
+    return (collate_fn or collate)([split[index] for index in indices])
