@@ -205,7 +205,8 @@ class DataFacts:
     classes: list[str] | None = None
     input_shape: tuple[int, ...] | None = None
     """The shape of one input sample, read from the first training sample when it is an
-    ``(input, target)`` pair of tensors (``(64,)`` for 64 features, ``(3, 32, 32)`` for images)."""
+    ``(input, target)`` pair of tensors (``(64,)`` for 64 features, ``(3, 32, 32)`` for images)
+    and the dataset has no collate function (whose samples may differ in shape)."""
     channels: int | None = None
     image_size: int | None = None
     vocab_size: int | None = None
@@ -217,7 +218,7 @@ class DataFacts:
         """The facts of ``splits``; image channels and size read from its first training sample
         (an ``(input, target)`` pair or an :class:`ImageTensors`) when the dataset does not say."""
         channels, size = splits.channels, splits.image_size
-        shape = _input_shape(splits.train)
+        shape = _input_shape(splits.train) if splits.collate is None else None  # collated samples vary
         if shape is not None and len(shape) == 3:
             channels = shape[0] if channels is None else channels
             size = shape[1] if size is None and shape[1] == shape[2] else size
