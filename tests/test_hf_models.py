@@ -242,6 +242,7 @@ JOB = """
     max_steps = 6
     log_every = 3
     eval_every = 6
+    peak_tflops = 1.0
 """
 
 
@@ -258,6 +259,9 @@ def test_a_raw_hf_model_trains_with_the_builtin_language_modeling_task(runjob_te
     [(_, first)], [(_, last)] = run.local_history("train/loss")[:1], run.local_history("train/loss")[-1:]
     assert last < first
     assert run.local_history("val/perplexity") and run.local_history("train/tokens_per_s")
+    assert run.tags["runjob.flops_counted"] in ("meta", "forward x3") and float(run.tags["runjob.flops_per_token"]) > 0
+    [(_, mfu), *_] = run.local_history("train/mfu")  # against train.peak_tflops, as on a known GPU
+    assert 0 < mfu < 1
     result = runjob_tester.cli("predict", run.output_dir, "--prompt", "the quick", "--max-new-tokens", "4")
     assert result.returncode == 0, result.stderr
 
@@ -283,6 +287,7 @@ def test_a_raw_hf_model_learns_from_left_padded_tokenizer_batches(runjob_tester,
         batch_size = 16
         max_steps = 20
         log_every = 10
+        peak_tflops = 1.0
         """,
     )
     run = runjob_tester.run("job.toml")
@@ -291,6 +296,10 @@ def test_a_raw_hf_model_learns_from_left_padded_tokenizer_batches(runjob_tester,
     [(_, perplexity)] = run.local_history("val/perplexity")  # one epoch, evaluated once
     assert last < first and perplexity < 3, "5 choices (6 token ids): learning the counts"
     assert run.local_history("train/tokens_per_s")
+    # transformers' mask code reads the mask's values, which the meta device cannot: one real forward is counted
+    assert run.tags["runjob.flops_counted"] == "forward x3"
+    mfu = run.local_history("train/mfu")
+    assert mfu and all(0 < value < 1 for _, value in mfu)
 
 
 # --- the contract: how a task calls a model, how it reads the outputs ------------------------------
