@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from runjob.host.task import Generating as Generating
     from runjob.host.task import Task as Task
     from runjob.host.task import TaskOptions as TaskOptions
+    from runjob.host.task import logits_of as logits_of
     from runjob.job.validation import Job as Job
     from runjob.train.entry import RunOutcome as RunOutcome
     from runjob.train.entry import run as run
@@ -74,6 +75,7 @@ _LAZY = {
     "Task": "runjob.host.task",
     "Generating": "runjob.host.task",
     "TaskOptions": "runjob.host.task",
+    "logits_of": "runjob.host.task",
     "Run": "runjob.host.run_context",
     "RunState": "runjob.host.run_context",
     "RunActions": "runjob.host.run_context",

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 
 from pydantic import Field, field_validator
 
-from runjob import Options, RunjobError, hookimpl
+from runjob import DataFacts, Options, RunjobError, hookimpl
 
 # torchvision.models.list_models() needs torch imported; the names are listed here so that
 # loading plugins stays fast. tests/test_builtin_plugins.py checks them against torchvision.
@@ -112,7 +112,8 @@ class ClassifierOptions(Options):
     model_name: ClassVar[str | None] = None
     """The torchvision builder these options are for (set on each registered model's own subclass)."""
 
-    num_classes: int = Field(1000, ge=2)
+    num_classes: int | None = Field(None, ge=2)
+    """Classes of the head; by default the dataset's (1000 when it has none to say)."""
     weights: str | None = Field(None, min_length=1)
     """torchvision's pretrained weights: ``"DEFAULT"`` (the best torchvision has) or a name of the
     model's weights enum (``"IMAGENET1K_V1"``), read from torch's cache (``$TORCH_HOME/hub/checkpoints``),
@@ -263,13 +264,15 @@ def load_pretrained(model, name: str, entry, value: str) -> str:
     return line
 
 
-def build(name: str, options: ClassifierOptions):
-    """Build torchvision model ``name`` with the job's options (and its pretrained weights)."""
+def build(name: str, options: ClassifierOptions, data: DataFacts | None = None):
+    """Build torchvision model ``name`` with the job's options (and its pretrained weights); its
+    head has the dataset's classes unless ``num_classes`` says otherwise."""
     import torch.nn as nn
     import torchvision.models
 
     entry = _weights_entry(name, options.weights) if options.weights else None
-    kwargs = {"num_classes": options.num_classes, **_SINGLE_OUTPUT.get(name, {})}
+    classes = options.num_classes or (data.num_classes if data is not None else None) or 1000
+    kwargs = {"num_classes": classes, **_SINGLE_OUTPUT.get(name, {})}
     if entry is not None:
         kwargs.update(_architecture(name, entry))
     if isinstance(options, ResNetOptions):

@@ -62,11 +62,14 @@ def test_lora_starts_from_a_full_run_and_its_folder_alone_serves_it(runjob_teste
     # 192 inputs (3 x 8 x 8) -> 32 -> 10: rank 4 on the hidden layer, the output layer in full
     adapters, head = 4 * 192 + 32 * 4, 32 * 10 + 10
     total = 192 * 32 + 32 + adapters + 2 * head  # PEFT keeps the original head beside its trained copy
-    assert f"adapters lora: trainable {adapters + head:,} of {total:,} parameters" in result.stdout
+    trained = adapters + head
+    line = f"adapters lora: trainable {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)"
+    assert line == "adapters lora: trainable 1,226 of 7,732 parameters (15.86%)"  # as the README shows it
+    assert f"runjob: {line}" in result.stdout
     run = runjob_tester.path / "lora"
-    trained, started = load_file(run / "model.safetensors"), load_file(base.output_dir / "model.safetensors")
-    assert trained["1.base_layer.weight"].equal(started["1.weight"]), "the base weights are frozen"
-    assert not trained["3.modules_to_save.default.weight"].equal(started["3.weight"]), "the head trained"
+    weights, started = load_file(run / "model.safetensors"), load_file(base.output_dir / "model.safetensors")
+    assert weights["1.base_layer.weight"].equal(started["1.weight"]), "the base weights are frozen"
+    assert not weights["3.modules_to_save.default.weight"].equal(started["3.weight"]), "the head trained"
     own = load_file(run / "adapters" / "lora" / "adapter_model.safetensors")
     assert sorted(own) == ["1.lora_A.weight", "1.lora_B.weight", "3.bias", "3.weight"], "PEFT's names"
     assert (run / "adapters" / "lora" / "adapter_config.json").is_file()

@@ -218,9 +218,12 @@ def runjob_register_tasks(register: Register) -> None:
     scheduler steps, gathering across processes). It implements:
 
     * ``loss(outputs, batch)``: the training loss, a 0-dim tensor; ``outputs`` is
-      ``forward(model, batch)``, by default ``model(inputs(batch))`` with ``inputs`` the first item
-      of a tuple batch (override ``inputs``/``targets`` for dicts and other batches, and
-      ``call_model(model, inputs)`` for a model that takes keyword arguments: ``model(**inputs)``);
+      ``forward(model, batch)``, by default ``call_model(model, inputs(batch))`` with ``inputs`` the
+      first item of a tuple batch (override ``inputs``/``targets`` for dicts and other batches);
+      ``call_model`` passes a dict of inputs as the keyword arguments the model's ``forward`` names
+      (``model(**inputs)``, as Hugging Face models take ``input_ids`` and ``attention_mask``) and
+      anything else as one argument; :func:`runjob.logits_of` reads outputs that are
+      tensors, dicts or objects with ``.logits``;
     * ``evaluate(outputs, batch)``: per-sample values ``{name: tensor of shape (batch, ...)}``; the
       host gathers them across processes with ``gather_for_metrics`` (each validation sample
       counted once) and sums them on the device;
