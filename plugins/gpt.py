@@ -14,14 +14,15 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from runjob import Options, hookimpl
+from runjob import DataFacts, Options, hookimpl
 
 
 class GPTOptions(Options):
-    vocab_size: int = Field(256, ge=2)
-    """Token ids 0 .. vocab_size - 1 (256: bytes, as the text_files dataset gives)."""
-    context: int = Field(128, ge=1)
-    """The longest sequence the model takes (its learned positions); at least dataset.context."""
+    vocab_size: int | None = Field(None, ge=2)
+    """Token ids 0 .. vocab_size - 1; by default the dataset's (256 for text_files' bytes)."""
+    context: int | None = Field(None, ge=1)
+    """The longest sequence the model takes (its learned positions), at least the dataset's; by
+    default the dataset's context (128 when it has none)."""
     layers: int = Field(4, ge=1)
     width: int = Field(128, ge=1)
     """Channels of the residual stream (the embedding size)."""
@@ -44,11 +45,16 @@ class GPTOptions(Options):
         return heads
 
 
-def build_gpt(options: GPTOptions) -> Any:
-    """A randomly initialised GPT (GPT-2's initialisation)."""
+def build_gpt(options: GPTOptions, data: DataFacts | None = None) -> Any:
+    """A randomly initialised GPT (GPT-2's initialisation), sized for the data unless the job says."""
     from runjob.plugins.gpt_layers import GPT
 
-    return GPT(options)
+    data = data or DataFacts()
+    sizes = {
+        "vocab_size": options.vocab_size or data.vocab_size or data.num_classes or 256,
+        "context": options.context or data.context or 128,
+    }
+    return GPT(options.model_copy(update=sizes))
 
 
 @hookimpl

@@ -252,6 +252,8 @@ def build_text_files(options: TextFilesOptions) -> DatasetSplits:
         val=windows["val"],
         test=windows["test"] if options.test_fraction > 0 else None,
         num_classes=256,
+        vocab_size=256,
+        context=options.context,
         source=", ".join(_patterns(options.paths)),
         digest=hasher.hexdigest()[:16],
         baselines={"unigram_perplexity": unigram_perplexity(data["train"], windows["val"].targets())},

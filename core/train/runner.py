@@ -161,7 +161,7 @@ def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None,
 
     with accelerator.main_process_first():  # one process downloads, the others read its copy
         splits, task = load_data(job)
-    facts = DataFacts.of(splits)
+    facts = _facts_of(splits)
     model = build_model(job.model.component.factory, job.model.options, facts)
     said = [_start_from(job, accelerator, model, recorder) if not resuming else None]
     adapters = make_adapters(job.adapters)
@@ -189,6 +189,21 @@ def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None,
     return Built(
         splits, task, model, optimizer, scheduler, train_loader, val_loader, test_loader, schedule, facts, adapters
     )
+
+
+def _facts_of(splits: DatasetSplits) -> DataFacts:
+    """The data's facts, read without moving a random generator (reading a sample may draw a
+    random crop): the model's initialisation and the run's batches stay what they were."""
+    import random
+
+    import torch
+
+    state = random.getstate()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            return DataFacts.of(splits)
+    finally:
+        random.setstate(state)
 
 
 def _start_from(job: ResolvedJob, accelerator: Any, model: Any, recorder: Recorder | None) -> str | None:
