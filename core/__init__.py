@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from runjob.host.components import require_module as require_module
     from runjob.host.events import Event as Event
     from runjob.host.hookspecs import Register as Register
+    from runjob.host.plugin_host import PluginWarning as PluginWarning
     from runjob.host.run_context import Run as Run
     from runjob.host.run_context import RunActions as RunActions
     from runjob.host.run_context import RunContext as RunContext
@@ -84,6 +85,7 @@ _LAZY = {
     "RunFolder": "runjob.host.run_folder",
     "Job": "runjob.job.validation",
     "Register": "runjob.host.hookspecs",
+    "PluginWarning": "runjob.host.plugin_host",
     "meta_model": "runjob.train.flops",
     "model_flops_per_unit": "runjob.train.flops",
     "training_flops_per_unit": "runjob.train.flops",

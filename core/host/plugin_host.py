@@ -84,7 +84,9 @@ class ComponentLookupError(LookupError):
 
 
 class PluginWarning(UserWarning):
-    """A plugin registers a name a built-in has; jobs using the bare name get the built-in."""
+    """A warning about a plugin or what a job asks of it, printed as ``runjob: warning: ...``: a
+    plugin registers a name a built-in has (jobs using the bare name get the built-in), or a plugin's
+    options say something is doubtful (``warnings.warn(text, runjob.PluginWarning)``)."""
 
 
 class UnknownPluginError(RunjobError):
