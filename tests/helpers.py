@@ -75,3 +75,11 @@ def uploaded_best(output_dir: Path) -> set[str]:
 
     named = json.loads((Path(output_dir) / "models.json").read_text())["best"]["artifact"]
     return set() if named == "model.safetensors" else {"best/model.safetensors"}
+
+
+def installed_plugin_tags():
+    """The ``runjob.plugin.NAME`` tag of every plugin installed here that is not a built-in (the
+    plugin packages of this repository, runjob-timm and runjob-hf, when their extras are)."""
+    from runjob.host.plugin_host import load_plugins
+
+    return {f"runjob.plugin.{plugin.name}" for plugin in load_plugins().plugins if not plugin.builtin}

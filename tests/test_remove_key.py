@@ -85,4 +85,5 @@ def test_a_removed_option_falls_back_to_its_default_when_validated(tester):
     result = tester.cli("validate", "job.toml", "--set", "model.num_classes=!remove")
     assert result.returncode == 0, result.stderr
     model = result.stdout.split("[model]")[1].split("\n[")[0]
-    assert "weights" not in model and "num_classes = 1000" in model, "the options' defaults"
+    assert "weights" not in model and "num_classes" not in model, "the options' defaults: none, the dataset's classes"
+    assert "zero_init_residual = false" in model

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import RESNET18_DIGITS, SMALL_DIGITS, uploaded_best
+from helpers import RESNET18_DIGITS, SMALL_DIGITS, installed_plugin_tags, uploaded_best
 
 from runjob.testing import MlflowRun, free_port, running_mlflow_server
 
@@ -100,7 +100,8 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     assert params["tracking.uri"] == mlflow_server and params["job.seed"] == "0"
     # tags: versions, plugins, git, the actual setup, the best evaluation
     assert tags["team"] == "vision" and tags["runjob.version"] == "0.1.0"
-    assert tags["runjob.torch_version"] and not [tag for tag in tags if tag.startswith("runjob.plugin.")], "built-ins"
+    assert tags["runjob.torch_version"]
+    assert {tag for tag in tags if tag.startswith("runjob.plugin.")} == installed_plugin_tags(), "none for built-ins"
     assert tags["runjob.accelerate_version"] and tags["runjob.cuda_version"]
     assert tags["mlflow.source.git.commit"] == git(repo, "rev-parse", "HEAD") and tags["runjob.git.dirty"] == "true"
     assert (

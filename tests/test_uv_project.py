@@ -67,8 +67,9 @@ def copy_of_runjob(folder: Path) -> None:
     folder.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, folder / name)
-    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("core", "plugins", "examples/runjob-tinymlp"):  # the workspace member too: pyproject names it
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache")
+    # the workspace members too: pyproject names them (the plugin packages as extras' sources)
+    for name in ("core", "plugins", "examples/runjob-tinymlp", "packages/runjob-timm", "packages/runjob-hf"):
         shutil.copytree(REPO / name, folder / name, ignore=ignore)
 
 

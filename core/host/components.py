@@ -214,11 +214,13 @@ class DataFacts:
     pad_id: int | None = None
 
     @classmethod
-    def of(cls, splits: DatasetSplits) -> DataFacts:
-        """The facts of ``splits``; image channels and size read from its first training sample
-        (an ``(input, target)`` pair or an :class:`ImageTensors`) when the dataset does not say."""
+    def of(cls, splits: DatasetSplits, read_sample: bool = True) -> DataFacts:
+        """The facts of ``splits``; with ``read_sample``, the input shape (and image channels and
+        size, when the dataset does not say them) read from its first training sample (an
+        ``(input, target)`` pair or an :class:`ImageTensors`)."""
         channels, size = splits.channels, splits.image_size
-        shape = _input_shape(splits.train) if splits.collate is None else None  # collated samples vary
+        # collated samples vary in shape; a model that takes no facts needs no sample read
+        shape = _input_shape(splits.train) if read_sample and splits.collate is None else None
         if shape is not None and len(shape) == 3:
             channels = shape[0] if channels is None else channels
             size = shape[1] if size is None and shape[1] == shape[2] else size

@@ -26,6 +26,7 @@ from runjob.host.model_build import (
     build_model,
     library_versions,
     make_adapters,
+    takes_data,
     write_facts,
 )
 from runjob.host.plugin_host import PluginHost
@@ -161,8 +162,9 @@ def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None,
 
     with accelerator.main_process_first():  # one process downloads, the others read its copy
         splits, task = load_data(job)
-    facts = _facts_of(splits)
-    model = build_model(job.model.component.factory, job.model.options, facts)
+    factory = job.model.component.factory
+    facts = _facts_of(splits) if takes_data(factory) else DataFacts.of(splits, read_sample=False)
+    model = build_model(factory, job.model.options, facts)
     said = [_start_from(job, accelerator, model, recorder) if not resuming else None]
     adapters = make_adapters(job.adapters)
     if adapters:
@@ -192,8 +194,9 @@ def _build(job: ResolvedJob, accelerator: Any, recorder: Recorder | None = None,
 
 
 def _facts_of(splits: DatasetSplits) -> DataFacts:
-    """The data's facts, read without moving a random generator (reading a sample may draw a
-    random crop): the model's initialisation and the run's batches stay what they were."""
+    """The data's facts for a model factory that takes them, its first training sample read
+    without moving a random generator (reading a sample may draw a random crop): the model's
+    initialisation and the run's batches stay what they were."""
     import random
 
     import torch
