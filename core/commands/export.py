@@ -60,9 +60,10 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
     with tempfile.TemporaryDirectory(prefix="runjob-export-") as scratch:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
+        if args.format in exporters:  # the model and what the run kept of its data: the data itself need not be here
+            has_facts = RunFolder(run.folder).data_facts.is_file()
+            return _plugin_export(args, run, load_job(run, [], host, data=not has_facts), exporters[args.format])
         job = load_job(run, [], host)
-        if args.format in exporters:
-            return _plugin_export(args, run, job, exporters[args.format])
         splits, task = load_data(job)
         trained, adapters = build_trained(job, run.model_file, run.folder, splits)
         model = task_module(merge_adapters(trained, adapters), task)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import DataError, RunjobError
+from runjob.host.run_folder import RunFolder
 
 FORMATS = (".csv", ".jsonl")
 
@@ -44,8 +45,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     host = load_plugins()
     with tempfile.TemporaryDirectory(prefix="runjob-predict-") as scratch:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
-        job = load_job(run, args.overrides, host)
         predictor = None if args.overrides else saved_predictor(run.folder)
+        # the saved predictor and facts stand in for the data: its files need not be here any more
+        job = load_job(
+            run, args.overrides, host, data=predictor is None or not RunFolder(run.folder).data_facts.is_file()
+        )
         splits = None
         if predictor is None:  # a run without a saved predictor, or --set dataset.KEY: the data as the job builds it
             splits, task = load_data(job)

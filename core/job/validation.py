@@ -189,7 +189,7 @@ def _component_table(raw: RawJob, table: str, problems: list[Problem]) -> dict[s
     return dict(value)
 
 
-def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem]) -> Chosen | None:
+def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem], checked: bool = True) -> Chosen | None:
     values = _component_table(raw, table, problems)
     if values is None:
         return None
@@ -217,6 +217,8 @@ def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem]) 
         values = {k: v for k, v in values.items() if k not in _SETUP_MODELS[table].model_fields}
     if table == "model":
         values.pop(ADAPTERS_KEY, None)
+    if not checked:  # taken as written: what they name (files, folders) need not be here
+        return Chosen(_reported(component, table, raw), component.options.model_construct(**values))
     options = _check(component.options, values, table, raw, problems)
     return Chosen(_reported(component, table, raw), options) if options is not None else None
 
@@ -229,8 +231,10 @@ def _reported(component: Component, table: str, raw: RawJob) -> Component:
     return reported(component, table, where)
 
 
-def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
-    """Check ``raw`` completely against the host's tables and the registered components.
+def resolve(raw: RawJob, host: PluginHost, unchecked: tuple[str, ...] = ()) -> ResolvedJob:
+    """Check ``raw`` completely against the host's tables and the registered components; the
+    options of the component tables named in ``unchecked`` are taken as written (a finished run's
+    ``[dataset]`` when its data is not needed: its files may be gone).
 
     Raises :class:`JobError` with every problem found.
     """
@@ -256,7 +260,7 @@ def resolve(raw: RawJob, host: PluginHost) -> ResolvedJob:
         values = _component_table(raw, table, problems)
         host_tables[table] = _check(_HOST_MODELS[table], values, table, raw, problems) if values is not None else None
 
-    chosen = {table: _choose(raw, host, table, problems) for table in COMPONENT_TABLES}
+    chosen = {table: _choose(raw, host, table, problems, table not in unchecked) for table in COMPONENT_TABLES}
     dataset_values = _component_table(raw, "dataset", []) or {}
     loader_values = {k: v for k, v in dataset_values.items() if k in LoaderOptions.model_fields}
     loader = _check(LoaderOptions, loader_values, "dataset", raw, problems)

@@ -122,9 +122,11 @@ def _download(uri: str, run_id: str, name: str, folder: Path, required: bool) ->
         raise RunjobError(f"run {run_id} has no {name} artifact: it was not made by runjob")
 
 
-def load_job(run: TrainedRun, overrides: list[str], host: Any) -> ResolvedJob:
+def load_job(run: TrainedRun, overrides: list[str], host: Any, data: bool = True) -> ResolvedJob:
     """The run's resolved job, with ``--set`` changes to its ``[dataset]`` table (nothing else may
-    change: the model must stay the one the weights were trained for)."""
+    change: the model must stay the one the weights were trained for). Without ``data`` (the run's
+    saved predictor and facts stand in for its data), the ``[dataset]`` options are taken as
+    written: the files they name may be gone."""
     for override in overrides:
         key = override.partition("=")[0].strip()
         if not key.startswith("dataset."):
@@ -135,7 +137,7 @@ def load_job(run: TrainedRun, overrides: list[str], host: Any) -> ResolvedJob:
     model = raw.data.get("model")
     if isinstance(model, dict):  # the trained weights replace where training started: it need not be here
         model.pop("init_from", None)
-    return resolve(raw, host)
+    return resolve(raw, host, () if data else ("dataset",))
 
 
 def build_model(job: ResolvedJob, model_file: Path, folder: Path | None = None, splits: Any = None) -> Any:
