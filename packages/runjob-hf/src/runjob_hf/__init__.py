@@ -1,0 +1,121 @@
+"""runjob plugin: Hugging Face models, tokenizers and datasets.
+
+Components: the model ``hf`` (any transformers ``AutoModelFor...`` model, pretrained from the
+cache or a folder, or built from a config), the datasets ``hf_text``, ``hf_classification`` and
+``hf_token_classification`` (tables read memory-mapped with ``datasets``, text files; a tokenizer
+loaded or trained on the training split), the task ``token_classification``, the callback
+``bits_per_byte`` and the export format ``hf`` (``save_pretrained``). Only pydantic and runjob are
+imported here: torch, transformers, tokenizers and datasets load inside the factories.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import runjob
+from runjob_hf.options import (
+    HFClassificationOptions,
+    HFModelOptions,
+    HFTextOptions,
+    HFTokenClassificationOptions,
+)
+from runjob_hf.tasks import BitsPerByte, BitsPerByteOptions, TokenClassification, TokenClassificationOptions
+
+__version__ = "0.1.0"
+
+
+def _build_model(options: HFModelOptions, data: Any = None) -> Any:
+    from runjob_hf.models import build_hf_model
+
+    return build_hf_model(options, data)
+
+
+def _build_text(options: HFTextOptions) -> runjob.DatasetSplits:
+    from runjob_hf.data import build_hf_text
+
+    return build_hf_text(options)
+
+
+def _build_classification(options: HFClassificationOptions) -> runjob.DatasetSplits:
+    from runjob_hf.data import build_hf_classification
+
+    return build_hf_classification(options)
+
+
+def _build_token_classification(options: HFTokenClassificationOptions) -> runjob.DatasetSplits:
+    from runjob_hf.data import build_hf_token_classification
+
+    return build_hf_token_classification(options)
+
+
+def _export_hf(request: Any) -> str:
+    from runjob_hf.export import export_hf
+
+    return export_hf(request)
+
+
+@runjob.hookimpl
+def runjob_register_models(register: runjob.Register) -> None:
+    register(
+        "hf",
+        _build_model,
+        options=HFModelOptions,
+        description="a transformers AutoModelFor... model: pretrained from the HF cache or a folder, or from a config",
+        libraries=("transformers",),
+    )
+
+
+@runjob.hookimpl
+def runjob_register_datasets(register: runjob.Register) -> None:
+    libraries = ("transformers", "tokenizers", "datasets")
+    register(
+        "hf_text",
+        _build_text,
+        options=HFTextOptions,
+        description="text files or a table's text column as token windows for language modelling (HF tokenizer)",
+        libraries=libraries,
+    )
+    register(
+        "hf_classification",
+        _build_classification,
+        options=HFClassificationOptions,
+        description="a table's text and label columns (or files by class) tokenized, for the classification task",
+        libraries=libraries,
+    )
+    register(
+        "hf_token_classification",
+        _build_token_classification,
+        options=HFTokenClassificationOptions,
+        description="a table's words and tags columns, tags on each word's first token, for token_classification",
+        libraries=libraries,
+    )
+
+
+@runjob.hookimpl
+def runjob_register_tasks(register: runjob.Register) -> None:
+    register(
+        "token_classification",
+        lambda options, data: TokenClassification(options, data.num_classes),
+        options=TokenClassificationOptions,
+        description="a class per token (labels -100 not scored); val/accuracy over scored tokens, val/loss",
+    )
+
+
+@runjob.hookimpl
+def runjob_register_callbacks(register: runjob.Register) -> None:
+    register(
+        "bits_per_byte",
+        BitsPerByte,
+        options=BitsPerByteOptions,
+        description="val/bits_per_byte of a language model on hf_text: val/loss x tokens a byte / ln 2",
+    )
+
+
+@runjob.hookimpl
+def runjob_register_exporters(register: runjob.Register) -> None:
+    register(
+        "hf",
+        _export_hf,
+        description="save_pretrained of a transformers model and its tokenizer into a folder",
+        libraries=("transformers",),
+    )
