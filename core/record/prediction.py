@@ -156,18 +156,19 @@ def samples_of(inputs: Any) -> list[Any]:
 
 def columns_of(predicted: dict[str, Any], classes: list[str] | None) -> dict[str, list[Any]]:
     """Per-sample tensors as lists of plain values: a ``(batch, k)`` tensor as k columns
-    ``name_0 ...``; ``class`` indices as the dataset's class names when it has them."""
+    ``name_0 ...``; ``class`` indices (one a sample, or one a position: ``class_0 ...``) as the
+    dataset's class names when it has them."""
     columns: dict[str, list[Any]] = {}
     for name, tensor in predicted.items():
         values = tensor.detach().float().cpu() if tensor.is_floating_point() else tensor.detach().cpu()
+        named = classes is not None and name == "class" and not values.is_floating_point()
         if values.ndim == 1:
-            columns[name] = values.tolist()
+            columns[name] = [classes[int(i)] for i in values.tolist()] if named and classes else values.tolist()
         else:
             flat = values.reshape(values.shape[0], -1)
-            for k in range(flat.shape[1]):
-                columns[f"{name}_{k}"] = flat[:, k].tolist()
-    if classes is not None and "class" in columns:
-        columns["class"] = [classes[int(index)] for index in columns["class"]]
+            for k in range(flat.shape[1]):  # a class per position (token classification): class_0, class_1, ...
+                column = flat[:, k].tolist()
+                columns[f"{name}_{k}"] = [classes[int(i)] for i in column] if named and classes else column
     return columns
 
 

@@ -88,3 +88,5 @@ def test_a_token_classifier_from_a_local_folder_learns_tags(runjob_tester):
     assert result.returncode == 0, result.stderr
     [row] = [json.loads(line) for line in result.stdout.splitlines()]
     assert row["input"] == "line 1" and "class_0" in row
+    positions = [row[key] for key in row if key.startswith("class_")]
+    assert set(positions) <= {"LOC", "O", "PER"}, "each position's class by the dataset's names"

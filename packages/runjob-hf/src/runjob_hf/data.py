@@ -346,7 +346,11 @@ def build_hf_text(options: HFTextOptions) -> runjob.DatasetSplits:
                 done = _EncodeDocuments(vocab.json, "text", vocab.eos_id)({"text": data})
                 encoded, text_bytes = done["input_ids"], sum(done["bytes"])
                 sizes = np.asarray([len(ids) for ids in encoded], dtype=np.int64)
-                _save_tokens(path, lambda e=encoded: (np.asarray(ids, dtype=np.int32) for ids in e), int(sizes.sum()))
+
+                def document_pieces(e: Any = encoded) -> Iterator[Any]:
+                    return (np.asarray(ids, dtype=np.int32) for ids in e)
+
+                _save_tokens(path, document_pieces, int(sizes.sum()))
             else:
                 tokenized = data.map(
                     _EncodeDocuments(vocab.json, options.text_column, vocab.eos_id),
@@ -359,7 +363,11 @@ def build_hf_text(options: HFTextOptions) -> runjob.DatasetSplits:
                 sizes = np.concatenate(
                     [np.diff(np.asarray(chunk.offsets)) for chunk in column.chunks] or [np.zeros(0, np.int64)]
                 )
-                _save_tokens(path, lambda c=column: (np.asarray(ch.flatten()) for ch in c.chunks), int(sizes.sum()))
+
+                def column_pieces(c: Any = column) -> Iterator[Any]:
+                    return (np.asarray(ch.flatten()) for ch in c.chunks)
+
+                _save_tokens(path, column_pieces, int(sizes.sum()))
                 text_bytes = int(sum(np.asarray(ch).sum() for ch in tokenized.data.column("bytes").chunks))
             np.save(lengths_path, sizes)
             bytes_path.write_text(json.dumps({"bytes": int(text_bytes)}), encoding="utf-8")
@@ -462,18 +470,18 @@ class EncodedRows:
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, torch.tensor(row["target"], dtype=torch.long)
 
 
-def _label_names(table: Any, column: str) -> list[str]:
+def _label_names(table: Any, column: str) -> tuple[list[str], list[str]]:
     """The classes of a label column: a ClassLabel's names, else the sorted distinct values
     (numbers in numeric order), as strings."""
     feature = table.features[column]
     names = getattr(feature, "names", None)
     if names:
-        return [str(i) for i in range(len(names))], list(names)  # type: ignore[return-value]
+        return [str(i) for i in range(len(names))], list(names)
     values = set(table.unique(column))
     if any(v is None for v in values):
         raise runjob.DataError(f"column {column!r} has rows without a label")
     ordered = sorted(values, key=lambda v: (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)))
-    return [str(v) for v in ordered], [str(v) for v in ordered]  # type: ignore[return-value]
+    return [str(v) for v in ordered], [str(v) for v in ordered]
 
 
 def _class_file_rows(options: HFClassificationOptions) -> tuple[Any, Any, str]:
@@ -486,7 +494,7 @@ def _class_file_rows(options: HFClassificationOptions) -> tuple[Any, Any, str]:
     for name, paths in options.class_files.items():
         files = sorted({f for p in patterns(paths) for f in matches(p)})
         generator.shuffle(files)
-        snippets = []
+        snippets: list[str] = []
         for path in files:
             if options.max_files_per_class is not None and len(snippets) >= options.max_files_per_class:
                 break

@@ -48,7 +48,7 @@ def export_hf(request: Any) -> str:
     config.use_cache = True  # for generation by whoever loads it
     from transformers.utils import logging
 
-    logging.disable_progress_bar()
+    logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     output = Path(request.output)
     output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output)

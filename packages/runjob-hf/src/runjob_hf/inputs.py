@@ -140,7 +140,8 @@ class Prompts(_TextInputs):
         return torch.tensor(start + ids, dtype=torch.long)
 
     def decode(self, ids: Any) -> str:
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+        text: str = self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+        return text
 
 
 class Texts(_TextInputs):

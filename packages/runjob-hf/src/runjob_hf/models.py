@@ -74,7 +74,8 @@ def build_hf_model(options: HFModelOptions, data: Any = None) -> Any:
     dataset's ``runjob.DataFacts``), ``use_cache`` off (training)."""
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()  # "Loading weights": runjob's terminal keeps its own lines
+    # "Loading weights": runjob's terminal keeps its own lines (transformers leaves this function unannotated)
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     auto = auto_class(options.auto_class)
     user = dict(options.config or {})
     extra: dict[str, Any] = {}

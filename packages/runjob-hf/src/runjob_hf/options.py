@@ -9,7 +9,7 @@ import os
 import re
 import sysconfig
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from pydantic import Field, field_validator, model_validator
 
@@ -157,6 +157,10 @@ def patterns(paths: str | list[str] | None) -> list[str]:
     return [] if paths is None else [paths] if isinstance(paths, str) else list(paths)
 
 
+@overload
+def _checked_patterns(paths: str | list[str]) -> str | list[str]: ...
+@overload
+def _checked_patterns(paths: str | list[str] | None) -> str | list[str] | None: ...
 def _checked_patterns(paths: str | list[str] | None) -> str | list[str] | None:
     if paths is None:
         return None
@@ -275,7 +279,7 @@ class HFClassificationOptions(HFDataOptions):
             return None
         if len(value) < 2:
             raise ValueError("needs at least two classes")
-        checked = {}
+        checked: dict[str, str | list[str]] = {}
         for name, paths in value.items():
             try:
                 checked[name] = _checked_patterns(paths)

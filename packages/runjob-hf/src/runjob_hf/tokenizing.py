@@ -74,7 +74,7 @@ class Vocabulary:
         """A transformers ``PreTrainedTokenizerFast`` of this tokenizer (for ``save_pretrained``)."""
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, **self.special)
+        return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, **self.special)  # type: ignore[no-untyped-call]
 
 
 def _find(tokenizer: Any, role: str) -> str | None:
@@ -157,7 +157,7 @@ def train_tokenizer(
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=purpose != "lm")
         tokenizer.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
+        trainer: trainers.Trainer = trainers.BpeTrainer(
             vocab_size=settings.vocab_size,
             min_frequency=settings.min_frequency,
             special_tokens=specials,
