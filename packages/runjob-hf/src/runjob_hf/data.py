@@ -15,6 +15,7 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -549,34 +550,9 @@ def build_hf_classification(options: HFClassificationOptions) -> runjob.DatasetS
     )
     index = {key: i for i, key in enumerate(keys)}
     encode = _EncodeRows(vocab.json, options.max_length, text, pair, label, index)
-    encoded = {}
-    for name, table in (("train", train), ("val", val)):
-        try:
-            encoded[name] = table.map(
-                encode,
-                batched=True,
-                remove_columns=table.column_names,
-                new_fingerprint=_fingerprint(
-                    table._fingerprint, vocab.digest, options.max_length, text, pair, label, keys
-                ),
-                desc="tokenizing",
-            )
-        except ValueError as error:
-            raise runjob.DataError(f"dataset hf_classification: {name} split: {error}") from None
-    return runjob.DatasetSplits(
-        train=EncodedRows(encoded["train"]),
-        val=EncodedRows(encoded["val"]),
-        num_classes=len(classes),
-        classes=classes,
-        vocab_size=vocab.size,
-        context=options.max_length,
-        pad_id=vocab.pad_id,
-        source=source,
-        digest=_fingerprint(vocab.digest, train._fingerprint, val._fingerprint),
-        inputs=Texts(vocab, options.max_length, classes),
-        collate=Pad(vocab.pad_id or 0),
-        artifacts={"tokenizer.json": vocab.save(cache / "tokenizers"), "classes.json": _save_classes(cache, classes)},
-    )
+    inputs = Texts(vocab, options.max_length, classes)
+    encoding = _Encoding("hf_classification", encode, (text, pair, label, keys), EncodedRows, inputs)
+    return _labelled_splits(encoding, train, val, vocab, options.max_length, classes, source, cache)
 
 
 def _save_classes(cache: Path, classes: list[str]) -> Path:
@@ -689,29 +665,53 @@ def build_hf_token_classification(options: HFTokenClassificationOptions) -> runj
         train._fingerprint,
     )
     encode = _EncodeWords(vocab.json, options.max_length, words, tags, {k: i for i, k in enumerate(keys)})
+    inputs = Words(vocab, options.max_length, classes)
+    encoding = _Encoding("hf_token_classification", encode, (words, tags, keys), TaggedRows, inputs)
+    return _labelled_splits(encoding, train, val, vocab, options.max_length, classes, source, cache)
+
+
+@dataclass(frozen=True)
+class _Encoding:
+    """How a labelled dataset's tables become its splits: its name (for messages), the batched
+    encoder, what else its tokenization depends on (for the cache's fingerprint), the row class
+    wrapping an encoded table, and its predictor's inputs."""
+
+    what: str
+    encode: Any
+    depends_on: tuple[Any, ...]
+    rows: Any
+    inputs: runjob.Inputs
+
+
+def _labelled_splits(
+    encoding: _Encoding, train: Any, val: Any, vocab: Any, max_length: int, classes: list[str], source: str, cache: Path
+) -> runjob.DatasetSplits:
+    """The training and validation tables tokenized (``datasets``' map, cached by fingerprint,
+    memory-mapped) as a classification dataset's splits, with the tokenizer and the class names as
+    artifacts and dynamic padding."""
     encoded = {}
     for name, table in (("train", train), ("val", val)):
         try:
             encoded[name] = table.map(
-                encode,
+                encoding.encode,
                 batched=True,
                 remove_columns=table.column_names,
-                new_fingerprint=_fingerprint(table._fingerprint, vocab.digest, options.max_length, words, tags, keys),
+                new_fingerprint=_fingerprint(table._fingerprint, vocab.digest, max_length, *encoding.depends_on),
                 desc="tokenizing",
             )
         except ValueError as error:
-            raise runjob.DataError(f"dataset hf_token_classification: {name} split: {error}") from None
+            raise runjob.DataError(f"dataset {encoding.what}: {name} split: {error}") from None
     return runjob.DatasetSplits(
-        train=TaggedRows(encoded["train"]),
-        val=TaggedRows(encoded["val"]),
+        train=encoding.rows(encoded["train"]),
+        val=encoding.rows(encoded["val"]),
         num_classes=len(classes),
         classes=classes,
         vocab_size=vocab.size,
-        context=options.max_length,
+        context=max_length,
         pad_id=vocab.pad_id,
         source=source,
         digest=_fingerprint(vocab.digest, train._fingerprint, val._fingerprint),
-        inputs=Words(vocab, options.max_length, classes),
+        inputs=encoding.inputs,
         collate=Pad(vocab.pad_id or 0),
         artifacts={"tokenizer.json": vocab.save(cache / "tokenizers"), "classes.json": _save_classes(cache, classes)},
     )
