@@ -308,23 +308,35 @@ def choose_adapters(raw: RawJob, host: PluginHost, problems: list[Problem]) -> d
         problems.append(Problem(origin.file, where, f"must be tables [{where}.NAME], got {value!r}", origin.line))
         return {}
     chosen: dict[str, Chosen] = {}
+    for name, (component, checked) in _named_tables(raw, host, "adapter", where, value, problems).items():
+        origin = raw.origin(f"{where}.{name}")
+        where_named = f"{origin.file}:{origin.line}" if origin.line else origin.file
+        chosen[name] = Chosen(reported(component, f"{where}.{name}", where_named), checked)
+    return chosen
+
+
+def _named_tables(
+    raw: RawJob, host: PluginHost, kind: str, where: str, value: dict[str, Any], problems: list[Problem]
+) -> dict[str, tuple[Component, Options]]:
+    """``[WHERE.NAME]`` tables (callbacks, adapters): each NAME a registered component of ``kind``,
+    its keys that component's options, checked; the problems found are added to ``problems``."""
+    listed: dict[str, tuple[Component, Options]] = {}
     for name, options in value.items():
         key = f"{where}.{name}"
         origin = raw.origin(key)
         if not isinstance(options, dict):
-            message = f"must be a table of the adapter's options ([{key}]), got {options!r}"
+            message = f"must be a table of the {kind}'s options ([{key}]), got {options!r}"
             problems.append(Problem(origin.file, key, message, origin.line))
             continue
         try:
-            component = host.lookup("adapter", name)
+            component = host.lookup(kind, name)
         except ComponentLookupError as error:
             problems.append(Problem(origin.file, key, str(error), origin.line))
             continue
         checked = _check(component.options, options, key, raw, problems)
         if checked is not None:
-            where_named = f"{origin.file}:{origin.line}" if origin.line else origin.file
-            chosen[name] = Chosen(reported(component, key, where_named), checked)
-    return chosen
+            listed[name] = (component, checked)
+    return listed
 
 
 def task_metrics(task: Chosen) -> dict[str, str]:
@@ -406,22 +418,7 @@ def _choose_callbacks(raw: RawJob, host: PluginHost, problems: list[Problem]) ->
         message = f"must be tables [callbacks.NAME], got {value!r}"
         problems.append(Problem(origin.file, "callbacks", message, origin.line))
         return {}
-    listed: dict[str, tuple[Component, Options]] = {}
-    for name, options in value.items():
-        where = f"callbacks.{name}"
-        origin = raw.origin(where)
-        if not isinstance(options, dict):
-            message = f"must be a table of the callback's options ([{where}]), got {options!r}"
-            problems.append(Problem(origin.file, where, message, origin.line))
-            continue
-        try:
-            component = host.lookup("callback", name)
-        except ComponentLookupError as error:
-            problems.append(Problem(origin.file, where, str(error), origin.line))
-            continue
-        checked = _check(component.options, options, where, raw, problems)
-        if checked is not None:
-            listed[name] = (component, checked)
+    listed = _named_tables(raw, host, "callback", "callbacks", value, problems)
     chosen: dict[str, Chosen] = {}
     for component in host.default_components("callback"):
         same = (component.plugin, component.name)
