@@ -152,6 +152,10 @@ def runjob_register_datasets(register: Register) -> None:
     image file's bytes, a prompt) become model inputs, with the preprocessing fitted on the training
     data; it is pickled into the MLflow model. (``DatasetSplits.read_inputs`` and ``decode`` alone
     still serve ``runjob predict``; the MLflow model then takes the model's tensors as they are.)
+    ``DatasetSplits.collate`` batches every split (dynamic padding; mask the padding),
+    ``artifacts`` names files the data was prepared with (a tokenizer), kept with the run, and
+    ``vocab_size``, ``context``, ``pad_id``, ``channels`` and ``image_size`` are facts the model
+    factory receives (:class:`runjob.DataFacts`).
     """
 
 
