@@ -5,6 +5,8 @@ helpers.py)."""
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,19 @@ pytest_plugins = ["runjob.testing", "pytester"]  # pytester: the kit's own tests
 # threads on two cores spin: shared/TRAPS.md). One torch thread in this process and in every
 # process a test starts (tests that need otherwise say so).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Every test that starts runjob starts a fresh interpreter that imports torch, accelerate and MLflow.
+# Where PYTHONDONTWRITEBYTECODE is set (and the virtual environment holds no .pyc), each of those
+# interpreters compiles thousands of modules from source again: seconds of CPU per process, many
+# times per test. Compiled bytecode goes to one folder outside the source trees instead (no
+# __pycache__ appears in the repository or in a test's folder), shared by this process, the xdist
+# workers and every process a test starts; Python checks each file against its source, as always.
+if "PYTHONPYCACHEPREFIX" not in os.environ:
+    _pycache = Path(tempfile.gettempdir()) / f"runjob-tests-pycache-{os.getuid()}"
+    os.environ["PYTHONPYCACHEPREFIX"] = str(_pycache)
+    sys.pycache_prefix = str(_pycache)
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
