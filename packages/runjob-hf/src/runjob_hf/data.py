@@ -29,7 +29,7 @@ from runjob_hf.options import (
     matches,
     patterns,
 )
-from runjob_hf.tokenizing import Vocabulary, vocabulary
+from runjob_hf.tokenizing import LazyTokenizer, Vocabulary, vocabulary
 
 IGNORE = -100  # a target that is never scored (Hugging Face's convention)
 ENCODING = "runjob-hf-3"  # part of every cache key: change it when what is cached changes
@@ -274,22 +274,12 @@ class _EncodeDocuments:
     Its state is the tokenizer's JSON, so datasets' cache fingerprints are stable."""
 
     def __init__(self, tokenizer_json: str, column: str, eos: int | None) -> None:
-        self.tokenizer_json, self.column, self.eos = tokenizer_json, column, eos
-        self._tokenizer: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tokenizer": None}
+        self.tokenizer, self.column, self.eos = LazyTokenizer(tokenizer_json), column, eos
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        if self._tokenizer is None:
-            from tokenizers import Tokenizer
-
-            self._tokenizer = Tokenizer.from_str(self.tokenizer_json)
-            self._tokenizer.no_truncation()
-            self._tokenizer.no_padding()
         texts = [text if isinstance(text, str) else "" for text in batch[self.column]]
         start = [self.eos] if self.eos is not None else []
-        encoded = self._tokenizer.encode_batch(texts, add_special_tokens=False)
+        encoded = self.tokenizer.get().encode_batch(texts, add_special_tokens=False)
         return {
             "input_ids": [start + e.ids for e in encoded],
             "bytes": [len(text.encode("utf-8", errors="replace")) for text in texts],
@@ -422,29 +412,16 @@ class _EncodeRows:
     def __init__(
         self, tokenizer_json: str, max_length: int, text: str, pair: str | None, label: str, index: dict[str, int]
     ) -> None:
-        self.tokenizer_json, self.max_length = tokenizer_json, max_length
+        self.tokenizer = LazyTokenizer(tokenizer_json, max_length)
         self.text, self.pair, self.label, self.index = text, pair, label, index
-        self._tokenizer: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tokenizer": None}
-
-    def tokenizer(self) -> Any:
-        if self._tokenizer is None:
-            from tokenizers import Tokenizer
-
-            self._tokenizer = Tokenizer.from_str(self.tokenizer_json)
-            self._tokenizer.no_padding()
-            self._tokenizer.enable_truncation(self.max_length)
-        return self._tokenizer
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         texts = [t if isinstance(t, str) else "" for t in batch[self.text]]
         if self.pair is not None:
             pairs = [p if isinstance(p, str) else "" for p in batch[self.pair]]
-            encoded = self.tokenizer().encode_batch(list(zip(texts, pairs, strict=True)))
+            encoded = self.tokenizer.get().encode_batch(list(zip(texts, pairs, strict=True)))
         else:
-            encoded = self.tokenizer().encode_batch(texts)
+            encoded = self.tokenizer.get().encode_batch(texts)
         labels = []
         for value in batch[self.label]:
             if str(value) not in self.index:
@@ -572,27 +549,12 @@ class _EncodeWords:
     -100 on its other tokens and on special tokens."""
 
     def __init__(self, tokenizer_json: str, max_length: int, words: str, tags: str, index: dict[str, int]) -> None:
-        self.tokenizer_json, self.max_length, self.words, self.tags, self.index = (
-            tokenizer_json,
-            max_length,
-            words,
-            tags,
-            index,
-        )
-        self._tokenizer: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tokenizer": None}
+        self.tokenizer = LazyTokenizer(tokenizer_json, max_length)
+        self.words, self.tags, self.index = words, tags, index
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        if self._tokenizer is None:
-            from tokenizers import Tokenizer
-
-            self._tokenizer = Tokenizer.from_str(self.tokenizer_json)
-            self._tokenizer.no_padding()
-            self._tokenizer.enable_truncation(self.max_length)
         sentences = [[str(w) for w in words] for words in batch[self.words]]
-        encoded = self._tokenizer.encode_batch(sentences, is_pretokenized=True)
+        encoded = self.tokenizer.get().encode_batch(sentences, is_pretokenized=True)
         labels = []
         for encoding, tags, words in zip(encoded, batch[self.tags], sentences, strict=True):
             if len(tags) != len(words):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import runjob
-from runjob_hf.tokenizing import Vocabulary
+from runjob_hf.tokenizing import LazyTokenizer, Vocabulary
 
 _TABLES = {".jsonl", ".csv"}
 
@@ -39,24 +39,12 @@ class _TextInputs(runjob.Inputs):
         self.vocabulary = vocabulary
         self.max_length = max_length
         self.classes = classes
-        self._tokenizer: Any = None
+        self._lazy = LazyTokenizer(vocabulary.json, max_length if self.truncates else None)
 
     @property
     def tokenizer(self) -> Any:
         """A ``tokenizers.Tokenizer`` of its own (built once, not pickled), cutting at ``max_length``."""
-        if self._tokenizer is None:
-            from tokenizers import Tokenizer
-
-            self._tokenizer = Tokenizer.from_str(self.vocabulary.json)
-            self._tokenizer.no_padding()
-            if self.truncates:
-                self._tokenizer.enable_truncation(self.max_length)
-            else:
-                self._tokenizer.no_truncation()
-        return self._tokenizer
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_tokenizer": None}
+        return self._lazy.get()
 
     @staticmethod
     def _text(record: dict[str, Any]) -> str:

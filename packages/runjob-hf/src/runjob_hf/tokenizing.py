@@ -28,6 +28,32 @@ _NAMES = {
 }
 
 
+class LazyTokenizer:
+    """A ``tokenizers.Tokenizer`` built from its JSON where it is first used (a DataLoader worker,
+    datasets' map, a loaded MLflow model) and pickled as the JSON alone: no padding, and cut at
+    ``max_length`` when given."""
+
+    def __init__(self, json: str, max_length: int | None = None) -> None:
+        self.json, self.max_length = json, max_length
+        self._tokenizer: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_tokenizer": None}
+
+    def get(self) -> Any:
+        if self._tokenizer is None:
+            from tokenizers import Tokenizer
+
+            tokenizer = Tokenizer.from_str(self.json)
+            tokenizer.no_padding()
+            if self.max_length is None:
+                tokenizer.no_truncation()
+            else:
+                tokenizer.enable_truncation(self.max_length)
+            self._tokenizer = tokenizer
+        return self._tokenizer
+
+
 @dataclass
 class Vocabulary:
     """A tokenizer as plain values: its ``tokenizer.json`` text and special token ids."""
