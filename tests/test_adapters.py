@@ -144,3 +144,24 @@ def _write_scan(path):
     from PIL import Image
 
     Image.fromarray((np.arange(64).reshape(8, 8) * 4).astype("uint8")).save(path)
+
+
+BROKEN = """
+import runjob
+
+
+@runjob.hookimpl
+def runjob_register_adapters(register):
+    register("broken", lambda options: object())
+"""
+
+
+def test_an_adapter_factory_that_returns_no_adapter_is_one_line(runjob_tester):
+    runjob_tester.install_plugin("broken-adapter", {"broken_adapter": BROKEN})
+    job = BASE.replace("    [dataset]", "    [model.adapters.broken]\n    [dataset]")
+    runjob_tester.write_job("job.toml", job.format(name="broken"))
+    result = runjob_tester.cli("run", "job.toml")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr_lines[-1] == (
+        "runjob: adapter 'broken' (plugin broken_adapter): its factory returned a object, not a runjob.Adapter"
+    )

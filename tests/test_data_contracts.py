@@ -271,3 +271,31 @@ def test_flops_are_counted_on_a_real_forward_where_the_meta_device_cannot_run_th
     assert how == "forward x3"
     assert per_sample == 3 * 2 * 4 * 3, "one 4x3 matrix product per sample, x3 for the backward"
     assert model.training and all(v.equal(state[k]) for k, v in model.state_dict().items())
+
+
+def test_reading_the_datas_facts_moves_no_random_generator():
+    """The facts of a dataset whose items draw random numbers (a random crop) are read without
+    moving torch's or Python's generator: the model's initialisation and the batches stay the same."""
+    import random
+
+    import torch
+
+    from runjob.host.components import DatasetSplits
+    from runjob.train.runner import _facts_of
+
+    class Cropped:
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            random.random()
+            return torch.rand(3, 8, 8), 0
+
+    torch.manual_seed(0)
+    random.seed(0)
+    facts = _facts_of(DatasetSplits(Cropped(), Cropped(), num_classes=2))
+    assert (facts.input_shape, facts.channels, facts.image_size) == ((3, 8, 8), 3, 8)
+    after = torch.rand(1).item(), random.random()
+    torch.manual_seed(0)
+    random.seed(0)
+    assert (torch.rand(1).item(), random.random()) == after

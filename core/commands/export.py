@@ -114,10 +114,10 @@ def _plugin_export(args: argparse.Namespace, run: Any, job: Any, exporter: Any) 
     ``OUTPUT_DIR/model.NAME``); it is written whole or not at all."""
     import shutil
 
-    from runjob.commands.predict import saved_predictor
     from runjob.errors import ComponentError, describe
     from runjob.host.components import ExportRequest
     from runjob.host.model_build import merge_adapters
+    from runjob.record.prediction import saved_predictor
     from runjob.train.trained import build_trained
 
     predictor = saved_predictor(run.folder)

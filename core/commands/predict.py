@@ -39,7 +39,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise DataError(f"--input {args.input}: no such file or folder")
     from runjob.host.plugin_host import load_plugins
     from runjob.host.task import generates
-    from runjob.record.prediction import Predictor
+    from runjob.record.prediction import Predictor, saved_predictor
     from runjob.train.trained import best_device, build_model, find_run, load_data, load_job, sample_batch
 
     host = load_plugins()
@@ -95,27 +95,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.output is not None:
         print(f"runjob: {len(rows)} prediction(s) written to {args.output}", file=sys.stderr)
     return 0
-
-
-def saved_predictor(folder: Path) -> Any:
-    """The predictor the run saved (``prediction.pkl``: its task and the dataset's fitted
-    :class:`runjob.Inputs`, such as a tokenizer), so prediction needs neither the data nor its
-    preparation; ``None`` when the run saved none (its dataset gives no ``runjob.Inputs``)."""
-    from runjob.host.run_folder import PREDICTOR_FILE
-    from runjob.record.prediction import Predictor
-
-    path = folder / PREDICTOR_FILE
-    if not path.is_file():
-        return None
-    try:
-        predictor = Predictor.load(path)
-    except Exception as error:  # noqa: BLE001 - a plugin class renamed since the run: the data can still serve
-        from runjob.errors import describe
-
-        why = describe(error)
-        print(f"runjob: {path} cannot be read ({why}); reading the inputs as the dataset does", file=sys.stderr)
-        return None
-    return predictor if predictor.inputs is not None else None
 
 
 class _Decoder:

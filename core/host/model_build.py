@@ -42,18 +42,25 @@ def build_model(factory: Callable[..., Any], options: Options, data: DataFacts |
     return factory(options)
 
 
+def build_each(chosen: Mapping[str, Chosen], expected: type, what: str) -> dict[str, Any]:
+    """Each component of ``chosen`` (the job's callbacks, its adapters) built from its options, by
+    name, in order; a factory that returns something else than ``expected`` is one line naming
+    the component and its plugin."""
+    made = {}
+    for name, entry in chosen.items():
+        built = entry.component.factory(entry.options)
+        if not isinstance(built, expected):
+            raise ComponentError(
+                f"{what} {name!r} (plugin {entry.component.plugin}): its factory returned a "
+                f"{type(built).__name__}, not a runjob.{expected.__name__}"
+            )
+        made[name] = built
+    return made
+
+
 def make_adapters(adapters: Mapping[str, Chosen]) -> dict[str, Adapter]:
     """The job's adapters built from their options, by name, in order."""
-    made = {}
-    for name, chosen in adapters.items():
-        adapter = chosen.component.factory(chosen.options)
-        if not isinstance(adapter, Adapter):
-            raise ComponentError(
-                f"adapter {name!r} (plugin {chosen.component.plugin}): its factory returned a "
-                f"{type(adapter).__name__}, not a runjob.Adapter"
-            )
-        made[name] = adapter
-    return made
+    return build_each(adapters, Adapter, "adapter")
 
 
 def apply_adapters(model: Any, adapters: Mapping[str, Adapter], places: Mapping[str, str] | None = None) -> Any:

@@ -11,11 +11,12 @@ and the MLflow model carries it.
 from __future__ import annotations
 
 import pickle
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import DataError, RunjobError, first_line
+from runjob.errors import DataError, RunjobError, describe, first_line
 from runjob.host.run_folder import PREDICTOR_FILE
 from runjob.host.task import generates
 
@@ -66,6 +67,22 @@ class Predictor:
             return continuation_rows(model, self.task, decode, items, self.context or 0, **settings)
         collate_inputs = getattr(self, "collate", None)  # a predictor pickled before it had one: stacking
         return prediction_rows(model, self.task, self.classes, items, batch_size, source, what, collate_inputs)
+
+
+def saved_predictor(folder: Path) -> Predictor | None:
+    """The predictor the run saved (``prediction.pkl``: its task and the dataset's fitted
+    :class:`runjob.Inputs`, such as a tokenizer), so prediction needs neither the data nor its
+    preparation; ``None`` when the run saved none (its dataset gives no ``runjob.Inputs``)."""
+    path = folder / PREDICTOR_FILE
+    if not path.is_file():
+        return None
+    try:
+        predictor = Predictor.load(path)
+    except Exception as error:  # noqa: BLE001 - a plugin class renamed since the run: the data can still serve
+        why = describe(error)
+        print(f"runjob: {path} cannot be read ({why}); reading the inputs as the dataset does", file=sys.stderr)
+        return None
+    return predictor if predictor.inputs is not None else None
 
 
 def collate(batch: list[Any]) -> Any:

@@ -23,6 +23,7 @@ from runjob.host.events import Dispatcher, Event
 from runjob.host.model_build import (
     adapter_places,
     apply_adapters,
+    build_each,
     build_model,
     library_versions,
     make_adapters,
@@ -511,16 +512,7 @@ def _open_record(recorder: Recorder, accelerator: Any, job: ResolvedJob, recordi
 
 def _make_callbacks(job: ResolvedJob) -> dict[str, Callback]:
     """The job's callbacks that are switched on, built from their options, in the order they are called."""
-    callbacks = {}
-    for name, chosen in job.enabled_callbacks().items():
-        callback = chosen.component.factory(chosen.options)
-        if not isinstance(callback, Callback):
-            raise TrainingError(
-                f"callback {name!r} (plugin {chosen.component.plugin}): its factory returned a "
-                f"{type(callback).__name__}, not a runjob.Callback"
-            )
-        callbacks[name] = callback
-    return callbacks
+    return build_each(job.enabled_callbacks(), Callback, "callback")
 
 
 def _record_baselines(recorder: Recorder, accelerator: Any, baselines: dict[str, float]) -> None:
