@@ -6,6 +6,7 @@ job keys as params, `val/accuracy` and friends as metrics); only `rerun` trains,
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import textwrap
@@ -35,9 +36,10 @@ def _record(
     metrics: dict,
     status: str,
     job_toml: str | None = None,
+    tags: dict | None = None,
 ) -> str:
     """A run as runjob leaves it: params, metric histories (the last point is the final value), status."""
-    run = client.create_run(experiment_id, start_time=T0 + minute * 60_000, run_name=name)
+    run = client.create_run(experiment_id, start_time=T0 + minute * 60_000, run_name=name, tags=tags)
     run_id = run.info.run_id
     for key, value in params.items():
         client.log_param(run_id, key, value)
@@ -159,6 +161,177 @@ def test_runs_shows_the_keys_a_sweeps_trials_differ_in_not_those_against_its_par
     rows = {line.split()[0]: line.split()[1:] for line in results[1:]}
     assert rows[trials[0]] == ["0.00316228", "32", "0.8"], "a long number to 6 significant digits"
     assert rows[parent] == ["-", "-"]
+
+
+def _sweep_store(tmp_path, empty_mlflow_db):
+    """An empty store and its client, with experiment `sw`."""
+    from mlflow import MlflowClient
+
+    shutil.copy(empty_mlflow_db, tmp_path / "mlflow.db")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    return uri, client, client.create_experiment("sw", artifact_location=str(tmp_path / "artifacts"))
+
+
+def _sweep_parent(client, experiment: str, minute: int, swept: dict[str, list]) -> str:
+    """A sweep's parent run as runjob records it: tagged runjob.sweep, the sweep's settings as params."""
+    params = {"sweep.method": "random", **{f"sweep.parameters.{k}": json.dumps(v) for k, v in swept.items()}}
+    return _record(client, experiment, "sw-sweep", minute, params, {}, "FINISHED", tags={"runjob.sweep": "true"})
+
+
+def _trial_tags(parent: str, number: int, swept: list[str]) -> dict[str, str]:
+    return {
+        "mlflow.parentRunId": parent,
+        "runjob.sweep.parent": parent,
+        "runjob.sweep.trial": str(number),
+        "runjob.sweep.keys": json.dumps(swept),
+    }
+
+
+def _results(out: str) -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """The results table of `runs`: its header cells, each run's cells by run id, the lines after it."""
+    lines = out.split("\n\n")[1].splitlines()
+    table = [line for line in lines if line.split()[0] == "run" or len(line.split()[0]) == 32]
+    rows = {line.split()[0]: line.split()[1:] for line in table[1:]}
+    return table[0].split()[2:], rows, lines[len(table) :]
+
+
+SW_JOB = {"job.name": "sw", "dataset.root": "data/digits", "model.name": "resnet18", "train.epochs": "6"}
+EARLY_STOPPING = {  # what a run that lists [callbacks.early_stopping] records; the default callbacks are left out
+    "callbacks.early_stopping.enabled": "true",
+    "callbacks.early_stopping.patience": "3",
+    "callbacks.early_stopping.min_delta": "0.0",
+}
+
+
+@pytest.mark.timeout(60)
+def test_runs_shows_the_swept_key_not_the_enabled_flag_of_a_callback_one_trial_lists(tmp_path, empty_mlflow_db, capsys):
+    """The issue's listing: two sweeps of one job (their parents never count, though their
+    settings differ), one trial listing early stopping, and a run recorded when the default
+    callbacks' `enabled = true` was still recorded (best_weights and peak_memory have no other
+    option): the key the sweep varies comes first; `enabled = true` against no such key is no
+    difference, the options early stopping brings are."""
+    uri, client, experiment = _sweep_store(tmp_path, empty_mlflow_db)
+    defaults = {"callbacks.best_weights.enabled": "true", "callbacks.peak_memory.enabled": "true"}
+    old = _record(client, experiment, "lr=0.3 · sw", 0, {**SW_JOB, "optimizer.lr": "0.3", **defaults}, {}, "FINISHED")
+    first = _sweep_parent(client, experiment, 1, {"optimizer.lr": [0.1, 0.2]})
+    parent = _sweep_parent(client, experiment, 2, {"optimizer.lr": [0.001, 0.01, 0.1]})
+    trials = [
+        _record(
+            client,
+            experiment,
+            f"lr={lr} · sw",
+            minute,
+            {**SW_JOB, "optimizer.lr": lr, **extra},
+            {"val/accuracy": [accuracy]},
+            "FINISHED",
+            tags=_trial_tags(parent, minute - 3, ["optimizer.lr"]),
+        )
+        for minute, lr, extra, accuracy in [
+            (3, "0.001", {}, 0.7),
+            (4, "0.01", EARLY_STOPPING, 0.9),
+            (5, "0.1", {}, 0.8),
+        ]
+    ]
+
+    code, out, _ = _cli(capsys, "runs", "--tracking-uri", uri)
+    assert code == 0
+    headers, rows, after = _results(out)
+    assert headers == ["optimizer.lr", "early_...min_delta", "early_s...patience", "val/accuracy"], out
+    assert "enabled" not in out and "sweep." not in out, "no enabled flag against none, no parent's settings"
+    assert rows[trials[1]] == ["0.01", "0.0", "3", "0.9"]
+    assert rows[trials[0]] == ["0.001", "-", "-", "0.7"] and rows[old] == ["0.3", "-", "-"]
+    assert rows[parent] == rows[first] == ["-", "-", "-"]
+    assert after == []
+
+
+@pytest.mark.timeout(60)
+def test_runs_shows_the_swept_keys_first_in_the_sweeps_order_whatever_the_width(tmp_path, empty_mlflow_db, capsys):
+    """The trials' runjob.sweep.keys name the keys first, in the sweep's order (not alphabetical),
+    all of them though they leave no room for the other keys that differ; a run of the job that is
+    no trial changes nothing in that; runs without the tag are listed as before."""
+    uri, client, experiment = _sweep_store(tmp_path, empty_mlflow_db)
+    swept = ["train.batch_size", "optimizer.weight_decay", "optimizer.lr", "model.dropout"]
+    parent = _sweep_parent(client, experiment, 0, dict.fromkeys(swept, [1, 2]))
+    trials = [
+        _record(
+            client,
+            experiment,
+            f"bs={bs} wd={wd} lr={float(lr):.4g} dropout={dropout} · sw",
+            minute,
+            {
+                **SW_JOB,
+                "train.batch_size": bs,
+                "optimizer.weight_decay": wd,
+                "optimizer.lr": lr,
+                "model.dropout": dropout,
+                "dataset.augment": augment,
+            },
+            {"val/accuracy": [0.5 + minute / 10], "val/loss": [0.5], "train/loss": [0.4]},
+            "FINISHED",
+            tags=_trial_tags(parent, minute, swept),
+        )
+        for minute, bs, wd, lr, dropout, augment in [
+            (1, "32", "0.0001", "0.0031622776601683794", "0.1", "false"),
+            (2, "64", "0.001", "0.01", "0.1", "true"),
+        ]
+    ]
+    other = {**SW_JOB, "train.batch_size": "16", "optimizer.weight_decay": "0.0", "optimizer.lr": "0.1"}
+    other_run = _record(client, experiment, "bs=16 · sw", 3, {**other, "model.dropout": "0.0"}, {}, "FINISHED")
+
+    code, out, _ = _cli(capsys, "runs", "--tracking-uri", uri)
+    assert code == 0
+    headers, rows, after = _results(out)
+    assert headers[:4] == ["train.batch_size", "opt...weight_decay", "optimizer.lr", "model.dropout"], out
+    assert rows[trials[0]][:4] == ["32", "0.0001", "0.00316228", "0.1"]
+    assert rows[other_run][:4] == ["16", "0.0", "0.1", "0.0"] and rows[parent] == ["-"] * 4
+    assert "dataset.augment" not in headers and after[0].startswith("1 more job key(s) differ: dataset.augment ")
+
+
+@pytest.mark.timeout(60)
+def test_runs_shows_what_a_run_name_says_the_run_varies_whole(tmp_path, empty_mlflow_db, capsys):
+    """A name runjob gave (what the run varies, `` · ``, its job) that does not fit is shown without
+    the job's name where keeping it would cut what the run varies; else cut at its end."""
+    uri, client, experiment = _sweep_store(tmp_path, empty_mlflow_db)
+    names = {
+        "bs=32 wd=0.0001 lr=0.003162 · digits": "bs=32 wd=0.0001 lr=0.003162",
+        "lr=0.00466 bs=32 · diabetes-mlp": "lr=0.00466 bs=32 · diabet...",
+        "lr=0.003162 · digits": "lr=0.003162 · digits",
+        "bs=32 wd=0.0001 lr=0.003162 · other": "bs=32 wd=0.0001 lr=0.0031...",  # not its job's name
+    }
+    for minute, (name, job) in enumerate(zip(names, ["digits", "diabetes-mlp", "digits", "digits"], strict=True)):
+        _record(client, experiment, name, minute, {"job.name": job}, {}, "FINISHED")
+
+    code, out, _ = _cli(capsys, "runs", "--tracking-uri", uri)
+    assert code == 0
+    overview = out.split("\n\n")[0].splitlines()
+    name, status = overview[0].index("run name"), overview[0].index("status")
+    assert [line[name:status].strip() for line in overview[1:]] == list(names.values())[::-1]
+
+
+@pytest.mark.timeout(60)
+def test_runs_shows_a_callback_switched_off_as_a_difference(tmp_path, empty_mlflow_db, capsys):
+    """`enabled = false` in one run differs from no such key (a default callback switched off),
+    and from `true` (a listed callback switched off); `True` in the spelling of another recorder
+    against no key does not."""
+    uri, client, experiment = _sweep_store(tmp_path, empty_mlflow_db)
+    base = {**SW_JOB, "optimizer.lr": "0.01"}
+    runs = [
+        _record(client, experiment, name, minute, {**base, **extra}, {}, "FINISHED")
+        for minute, name, extra in [
+            (0, "a", {"callbacks.throughput.enabled": "false", "callbacks.best_weights.enabled": "True"}),
+            (1, "b", {"callbacks.ema.enabled": "true", "callbacks.ema.decay": "0.999"}),
+            (2, "c", {"callbacks.ema.enabled": "false", "callbacks.ema.decay": "0.999"}),
+        ]
+    ]
+
+    code, out, _ = _cli(capsys, "runs", "--tracking-uri", uri)
+    assert code == 0
+    headers, rows, after = _results(out)
+    assert headers == ["ema.decay", "ema.enabled", "throughput.enabled"], out
+    assert rows[runs[0]] == ["-", "-", "false"]
+    assert rows[runs[1]] == ["0.999", "true", "-"] and rows[runs[2]] == ["0.999", "false", "-"]
+    assert "best_weights" not in out and after == []
 
 
 @pytest.mark.timeout(60)

@@ -10,11 +10,13 @@ import argparse
 import difflib
 import json
 import time
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
 from runjob.commands.table import ELLIPSIS, render, shorten
 from runjob.errors import RunjobError
+from runjob.record.naming import SEPARATOR
 from runjob.record.store import all_experiments, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
 
@@ -24,6 +26,10 @@ NAME_WIDTH = 20  # experiment names in `runs`
 RUN_NAME_WIDTH = 28  # run names in `runs`: cut at the end, their start is what tells them apart
 VALUE_WIDTH = 50  # values in `diff`
 JOB_NAME_KEY = "job.name"  # the param that says which job a run ran (a sweep's parent run has none)
+SWEEP_PARENT_TAG = "runjob.sweep"  # "true" on a sweep's parent run: the sweep's settings as params, no job keys
+SWEPT_KEYS_TAG = "runjob.sweep.keys"  # on a sweep's trial: the job keys the sweep varies, a JSON list in its order
+CALLBACKS_TABLE = "callbacks."
+ENABLED_FLAG = ".enabled"  # every callback's option; true (on) where a run's record leaves it out
 
 
 def _choose_experiments(experiments: list[Any], name: str | None, uri: str) -> list[Any]:
@@ -72,6 +78,39 @@ def differing_keys(params: list[dict[str, str]]) -> list[str]:
     return [key for key in keys if len({p.get(key) for p in params}) > 1]
 
 
+def set_differently(params: list[dict[str, str]]) -> list[str]:
+    """The keys of :func:`differing_keys` less those that differ only in whether a run's record
+    has them at their default, which nobody set: a callback's ``enabled`` flag, true where a run
+    has it (a run that lists ``[callbacks.early_stopping]`` records
+    ``callbacks.early_stopping.enabled = true``, a run that doesn't has no such key; runs recorded
+    before default callbacks were left out have ``callbacks.throughput.enabled = true``). The
+    other options' defaults are the plugins' to know, so an option one run has and another not
+    still differs, as does ``enabled = false`` anywhere."""
+    return [key for key in differing_keys(params) if not _on_wherever_recorded(key, params)]
+
+
+def _on_wherever_recorded(key: str, params: list[dict[str, str]]) -> bool:
+    """Whether ``key`` is a callback's ``enabled`` flag that every run of ``params`` has true or not at all."""
+    if not (key.startswith(CALLBACKS_TABLE) and key.endswith(ENABLED_FLAG) and key.count(".") >= 2):
+        return False
+    return all(p[key].strip().lower() == "true" for p in params if key in p)
+
+
+def swept_keys(params: list[dict[str, str]], tags: list[dict[str, str]]) -> list[str]:
+    """The job keys the sweeps of the trials among these runs vary (their ``runjob.sweep.keys``
+    tag), each sweep's in its order, the sweeps in the order their trials are listed; only keys
+    some run has. Empty when no run is such a trial (a tag that is not a JSON list is passed over)."""
+    keys: dict[str, None] = {}
+    for run_tags in tags:
+        try:
+            listed = json.loads(run_tags[SWEPT_KEYS_TAG])
+        except (KeyError, ValueError, TypeError):
+            continue
+        if isinstance(listed, list):
+            keys.update(dict.fromkeys(key for key in listed if isinstance(key, str)))
+    return [key for key in keys if any(key in p for p in params)]
+
+
 # --- runjob runs -------------------------------------------------------------------------------------
 
 
@@ -81,7 +120,7 @@ def overview_table(runs: list[Any], experiment_names: dict[str, str]) -> list[st
         [
             r.info.run_id,
             shorten(experiment_names.get(r.info.experiment_id, r.info.experiment_id), NAME_WIDTH),
-            _start_of(r.info.run_name or "", RUN_NAME_WIDTH),
+            _run_name_cell(r.info.run_name or "", r.data.params.get(JOB_NAME_KEY)),
             r.info.status,
             _start(r.info),
             _run_duration(r.info),
@@ -96,6 +135,19 @@ def _start_of(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - len(ELLIPSIS)] + ELLIPSIS
 
 
+def _run_name_cell(name: str, job_name: str | None) -> str:
+    """A run's name in RUN_NAME_WIDTH characters, cut at its end; a name runjob gave
+    (``lr=0.003162 bs=64 wd=0.0001 · digits``: what the run varies, then its job's name) without
+    `` · JOB`` where keeping it would cut into what the run varies (the experiment column
+    usually names the job)."""
+    suffix = f"{SEPARATOR}{job_name}" if job_name else None
+    if len(name) > RUN_NAME_WIDTH and suffix and name.endswith(suffix) and len(name) > len(suffix):
+        varies = name[: -len(suffix)]
+        if len(varies) + len(SEPARATOR) > RUN_NAME_WIDTH - len(ELLIPSIS):
+            return _start_of(varies, RUN_NAME_WIDTH)
+    return _start_of(name, RUN_NAME_WIDTH)
+
+
 def _value_cell(text: str) -> str:
     """A job key's value in a column: a long number to 6 significant digits (a sampled learning
     rate), anything else cut in the middle."""
@@ -107,19 +159,47 @@ def _value_cell(text: str) -> str:
     return shorten(text, KEY_COLUMN_WIDTH)
 
 
-def chosen_keys(params: list[dict[str, str]]) -> list[str]:
-    """The job keys `runs` shows for runs with these ``params``: those whose values differ between
-    runs of the same job (``job.name``), not against a sweep's parent run (which has no job keys)
-    or another job's runs; where no two runs share a job, those that differ between the jobs' runs.
-    Keys every run has first."""
+def key_headers(keys: list[str]) -> list[str]:
+    """Each key's column header in KEY_COLUMN_WIDTH characters: the key; too long, without its
+    first parts while two are left (``callbacks.throughput.enabled`` -> ``throughput.enabled``: a
+    cut in the middle would leave ``callback...enabled``, the same for every callback); still too
+    long, the last part whole after what fits of the one before (``opt...weight_decay``,
+    ``early_s...patience``). A header two keys would share is each whole key cut in the middle."""
+    headers = [_key_header(key) for key in keys]
+    taken = Counter(headers)
+    return [h if taken[h] == 1 else shorten(key, KEY_COLUMN_WIDTH) for h, key in zip(headers, keys, strict=True)]
+
+
+def _key_header(key: str) -> str:
+    parts = key.split(".")
+    for first in range(len(parts) - 1):
+        tail = ".".join(parts[first:])
+        if len(tail) <= KEY_COLUMN_WIDTH:
+            return tail
+    last = parts[-1]
+    room = KEY_COLUMN_WIDTH - len(ELLIPSIS) - len(last)  # what is left of the part before the last
+    if len(parts) > 1 and room > 0:
+        return parts[-2][:room] + ELLIPSIS + last
+    return shorten(key, KEY_COLUMN_WIDTH)
+
+
+def chosen_keys(params: list[dict[str, str]], tags: list[dict[str, str]]) -> tuple[list[str], list[str]]:
+    """The job keys `runs` shows for runs with these ``params`` and ``tags``: the keys the sweeps
+    of the trials among them vary (:func:`swept_keys`, in the sweeps' order), and the others set
+    differently (:func:`set_differently`) in runs of the same job (``job.name``), not against a
+    sweep's parent run (``runjob.sweep = "true"``: it never counts) or another job's runs; where
+    no two runs share a job, those set differently between the jobs' runs. Keys every run has
+    first."""
+    kept = [p for p, t in zip(params, tags, strict=True) if t.get(SWEEP_PARENT_TAG) != "true"]
     jobs: dict[str | None, list[dict[str, str]]] = {}
-    for p in params:
+    for p in kept:
         jobs.setdefault(p.get(JOB_NAME_KEY), []).append(p)
-    keys = [key for runs in jobs.values() if len(runs) > 1 for key in differing_keys(runs)]
-    if not keys:
-        keys = differing_keys([p for p in params if JOB_NAME_KEY in p] or params)
+    keys = [key for runs in jobs.values() if len(runs) > 1 for key in set_differently(runs)]
+    if not keys and kept:
+        keys = set_differently([p for p in kept if JOB_NAME_KEY in p] or kept)
+    swept = swept_keys(kept, tags)
     # keys every run has first: runs of different jobs also "differ" in every key only one job has
-    return sorted(dict.fromkeys(keys), key=lambda k: (sum(k not in p for p in params), k))
+    return swept, sorted(set(keys) - set(swept), key=lambda k: (sum(k not in p for p in kept), k))
 
 
 def _width(columns: list[tuple[str, list[str]]]) -> int:
@@ -140,17 +220,21 @@ def key_metrics(runs: list[Any]) -> list[str]:
 
 def results_table(runs: list[Any]) -> list[str]:
     """The second `runs` table: per run, the job keys that differ between runs of the same job
-    (:func:`chosen_keys`; as many as fit in TABLE_WIDTH) and the final key metrics; then a line
-    naming the keys left out."""
-    keys = chosen_keys([r.data.params for r in runs])
-    key_columns = [(shorten(k, KEY_COLUMN_WIDTH), [_value_cell(r.data.params.get(k, "-")) for r in runs]) for k in keys]
+    (:func:`chosen_keys`; the keys a sweep varies always, the others as many as fit in
+    TABLE_WIDTH) and the final key metrics; then a line naming the keys left out."""
+    swept, others = chosen_keys([r.data.params for r in runs], [r.data.tags for r in runs])
+    keys = [*swept, *others]
+    key_columns = [
+        (header, [_value_cell(r.data.params.get(k, "-")) for r in runs])
+        for header, k in zip(key_headers(keys), keys, strict=True)
+    ]
     metrics = [
         (m, [_number(r.data.metrics.get(m)) for r in runs])
         for m in key_metrics(runs)
         if any(m in r.data.metrics for r in runs)
     ]
     ids = [("run id", [r.info.run_id for r in runs])]
-    shown = 0
+    shown = len(swept)  # the keys a sweep varies tell its trials apart: shown whatever the width
     while shown < len(key_columns) and _width(ids + key_columns[: shown + 1] + metrics) <= TABLE_WIDTH:
         shown += 1
     columns = ids + key_columns[:shown] + metrics
