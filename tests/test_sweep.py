@@ -4,18 +4,21 @@ sweep whose trials are child runs of one parent MLflow run."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import time
 import tomllib
 
 import pytest
 from helpers import RESNET18_DIGITS, SMALL_DIGITS
 
 from runjob.commands.cli import main
-from runjob.commands.sweep import Trial, grid_points, make_plan, read_result, toml_value
 from runjob.host.plugin_host import load_plugins
 from runjob.job.jobfile import parse_override_value
 from runjob.job.schema import SweepRange, SweepTable
 from runjob.job.validation import load_resolved
+from runjob.sweep.study import Claim, FileLock, SweepStudy, grid_points
+from runjob.sweep.worker import read_outcome, toml_value
 from runjob.testing import write_job
 
 BASE = RESNET18_DIGITS.format(name="sw")  # checked only: the line numbers below are its lines
@@ -50,9 +53,9 @@ def test_sweep_table_mistakes_are_reported_together_with_file_and_line(tmp_path,
     )
     assert code == 2 and out == ""
     assert err == [
-        "runjob: job.toml:13: sweep.method: Input should be 'grid', 'random' or 'tpe' (got 'bayes')",
+        "runjob: job.toml:13: sweep.method: Input should be 'grid', 'random', 'tpe', 'cmaes' or 'gp' (got 'bayes')",
         "runjob: job.toml:14: sweep.trails: unknown key; did you mean 'trials'? "
-        "Accepted keys: direction, method, metric, parameters, seed, trials",
+        "Accepted keys: direction, gpus_per_trial, method, metric, parameters, pruner, seed, storage, study, trials",
         "runjob: job.toml:17: sweep.parameters.optimizer.lr: must be a non-empty list of values to try, "
         "or a range { low = ..., high = ..., log = false } (got [])",
         "runjob: job.toml:18: sweep.parameters.optimizer.weight_decay: low (0.1) must be below high (0.01)",
@@ -82,7 +85,8 @@ def test_grid_refuses_ranges_and_a_budget_below_its_size(tmp_path, monkeypatch, 
     assert err == [
         "runjob: job.toml:13: sweep.trials: the grid has 4 combinations, more than trials = 3: raise trials or leave "
         "it out to run them all",
-        'runjob: job.toml:18: sweep.parameters.optimizer.weight_decay: a range needs method = "random" or "tpe"; '
+        'runjob: job.toml:18: sweep.parameters.optimizer.weight_decay: a range needs method = "random", "tpe", '
+        '"cmaes" or "gp"; '
         "a grid takes a list of values to try (got {'low': 1e-05, 'high': 0.01, 'log': True})",
     ]
     code, _, err = validate(
@@ -185,67 +189,110 @@ def test_validate_prints_the_base_job_and_says_the_sweep_is_for_runjob_sweep(tmp
     assert "sweep" not in job.to_dict()
 
 
-def _sweep(method: str, seed: int, trials: int = 12) -> SweepTable:
+def _sweep(method: str, seed: int, trials: int = 12, **extra) -> SweepTable:
     return SweepTable(
         method=method,
         trials=trials,
         seed=seed,
+        metric="val/accuracy",
+        direction="maximize",
         parameters={
             "optimizer.lr": SweepRange(low=1e-4, high=1e-1, log=True),
             "train.batch_size": SweepRange(low=8, high=64),
             "optimizer.betas": [[0.9, 0.999], [0.8, 0.99]],
         },
+        **extra,
     )
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("method", ["random", "tpe"])
-def test_random_and_tpe_draw_inside_the_ranges_reproducibly(method):
-    def draws(seed: int) -> list[dict]:
-        plan = make_plan(_sweep(method, seed))
-        points = []
-        for index in range(plan.total):
-            point = plan.ask(index)
-            plan.tell(index, None if index == 3 else -abs(point["optimizer.lr"] - 0.01))  # a failed trial too
-            points.append(point)
-        return points
+def _draw(study: SweepStudy, fail: int | None = None) -> list[dict]:
+    """Take every trial of ``study`` as one worker would, telling each a made-up result."""
+    points = []
+    while (claim := study.claim()) is not None:
+        claim.lock.release()
+        value = -abs(claim.values.get("optimizer.lr", 0.01) - 0.01)
+        study.tell(
+            claim.number, None if claim.number == fail else value, "fail" if claim.number == fail else "complete"
+        )
+        points.append(claim.values)
+    return points
 
-    points = draws(seed=0)
-    assert len(points) == 12
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", ["random", "tpe", "cmaes", "gp"])
+def test_samplers_draw_inside_the_ranges_reproducibly_and_stop_at_the_budget(tmp_path, method):
+    def draws(seed: int, folder: str) -> list[dict]:
+        study = SweepStudy.create(_sweep(method, seed, trials=6), tmp_path / folder, "s")
+        study.join()
+        return _draw(study, fail=3)  # a failed trial counts against the budget too
+
+    points = draws(0, "a")
+    assert len(points) == 6
     for point in points:
         assert 1e-4 <= point["optimizer.lr"] <= 1e-1 and isinstance(point["optimizer.lr"], float)
         assert 8 <= point["train.batch_size"] <= 64 and isinstance(point["train.batch_size"], int)
-        assert point["optimizer.betas"] in ([0.9, 0.999], [0.8, 0.99])
-    assert len({p["optimizer.lr"] for p in points}) == 12
-    assert draws(seed=0) == points
-    assert draws(seed=1) != points
+        assert point["optimizer.betas"] in ([0.9, 0.999], [0.8, 0.99]), "an array choice comes back as the array"
+    assert len({p["optimizer.lr"] for p in points}) == 6
+    assert draws(0, "b") == points
+    assert draws(1, "c") != points
+    assert sorted(p.name for p in (tmp_path / "a").iterdir() if p.is_dir()) == [f"trial-00{n}" for n in range(6)]
 
 
 @pytest.mark.timeout(30)
-def test_grid_is_every_combination_and_values_survive_the_trip_through_set():
-    points = grid_points({"optimizer.lr": [0.1, 0.01, 1e-5], "train.batch_size": [16, 32]})
+def test_a_grid_is_its_combinations_in_order_each_taken_once(tmp_path):
+    sweep = SweepTable(parameters={"optimizer.lr": [0.1, 0.01, 1e-5], "train.batch_size": [16, 32]}, metric="val/loss")
+    points = grid_points(sweep.parameters)
     assert points == [{"optimizer.lr": lr, "train.batch_size": bs} for lr in (0.1, 0.01, 1e-5) for bs in (16, 32)]
+    study = SweepStudy.create(sweep.model_copy(update={"direction": "minimize"}), tmp_path, "g")
+    study.join()
+    assert _draw(study) == points
+    assert study.claim() is None
     for value in [1e-5, 0.1, 3, True, "ddp", [0.9, 0.999], {"a": "b c"}, 'say "hi"']:
         assert parse_override_value(toml_value(value)) == value
 
 
+@pytest.mark.timeout(60)
+def test_an_interrupted_trial_is_taken_over_once_its_lock_is_free_and_never_while_held(tmp_path):
+    study = SweepStudy.create(_sweep("random", 0, trials=2), tmp_path, "r")
+    study.join()
+    first = study.claim()
+    assert first is not None and not first.resumed
+    second = study.claim()
+    assert second is not None and second.number == 1, "the held trial 0 is not taken again"
+    assert study.claim() is None, "the budget is 2"
+    assert study.running_elsewhere() == [0, 1] and study.interrupted() == []
+    first.lock.release()  # trial 0's worker died: its lock is free, the trial still RUNNING in the study
+    assert study.interrupted() == [0]
+    again = study.claim()
+    assert again is not None and again.resumed and (again.number, again.values) == (0, first.values)
+    assert again.output_dir == first.output_dir
+    assert study.claim() is None
+    other = FileLock(second.output_dir / ".trial.lock")
+    assert not other.acquire(blocking=False), "a second worker cannot take a trial whose lock is held"
+
+
 @pytest.mark.timeout(30)
-def test_a_finished_trial_without_the_metric_fails_naming_what_it_logged(tmp_path):
-    trial = Trial(0, {"optimizer.lr": 0.1}, tmp_path)
-    (tmp_path / "mlflow_run.json").write_text(json.dumps({"run_id": "abc"}))
+def test_a_trials_outcome_is_read_from_its_folder(tmp_path):
+    claim = Claim(0, {"optimizer.lr": 0.1}, tmp_path, FileLock(tmp_path / ".lock"), resumed=False)
+    record = {"run_id": "abc", "tags": {}}
+    (tmp_path / "mlflow_run.json").write_text(json.dumps(record))
     lines = [
         {"key": "val/loss", "value": 0.5, "step": 3, "timestamp": 1},
         {"key": "train/loss", "value": 0.4, "step": 3, "timestamp": 1},
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    read_result(trial, "val/acc")
-    assert (trial.status, trial.run_id, trial.value) == ("failed", "abc", None)
-    assert trial.message == "logged no 'val/acc'; it logged: train/loss, val/loss"
-    (tmp_path / "metrics.jsonl").write_text(
-        "".join(json.dumps({**line, "value": 0.3}) + "\n" for line in lines[:1]), encoding="utf-8"
+    outcome = read_outcome(claim, 0, None, "val/acc")
+    assert (outcome.state, outcome.run_id, outcome.value) == ("fail", "abc", None)
+    assert outcome.message == "logged no 'val/acc'; it logged: train/loss, val/loss"
+    assert (read_outcome(claim, 0, None, "val/loss").state, read_outcome(claim, 0, None, "val/loss").value) == (
+        "complete",
+        0.5,
     )
-    read_result(trial, "val/loss")
-    assert (trial.status, trial.value) == ("finished", 0.3)
+    (tmp_path / "mlflow_run.json").write_text(json.dumps({**record, "tags": {"runjob.sweep.pruned": "true"}}))
+    assert read_outcome(claim, 0, None, "val/loss").state == "pruned"
+    assert read_outcome(claim, 143, 15, "val/loss").state == "interrupted", "stopped by the worker's signal"
+    failed = read_outcome(claim, 1, None, "val/loss")
+    assert (failed.state, failed.message) == ("fail", "exit code 1")
 
 
 @pytest.mark.timeout(30)
@@ -321,9 +368,130 @@ def test_grid_sweep_records_children_under_a_parent_that_names_the_best(tester):
     assert parent.history("sweep/val/accuracy") == [(0, accuracy[0]), (1, accuracy[1])]
     assert parent.params["sweep.parameters.optimizer.lr"] == "[0.001, 0.1]"
     assert parent.params["sweep.method"] == "grid" and parent.params["sweep.trials"] == "2"
-    assert parent.artifacts() == {"job.toml", "trials.json"}
+    assert parent.artifacts() >= {"job.toml", "trials.json", "optimization_history.png"}
+    assert json.loads(children[0].tags["runjob.sweep.keys"]) == ["optimizer.lr"]
 
     trials = json.loads((tester.path / "sweep/trials.json").read_text())
-    assert [(t["status"], t["run_id"]) for t in trials] == [("finished", c.run_id) for c in children]
+    assert [(t["state"], t["run_id"]) for t in trials] == [("finished", c.run_id) for c in children]
+    # the study loads in Optuna's API (and so in optuna-dashboard) from the storage the parent records
+    optuna = pytest.importorskip("optuna")
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(parent.params["sweep.storage"]))
+    study = optuna.load_study(study_name=parent.params["sweep.study"], storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert [t.value for t in study.trials] == accuracy
     assert f"runjob: best: trial {best}, val/accuracy {accuracy[best]:.4f}" in result.stdout
-    assert result.stdout.rstrip().endswith(f"--set optimizer.lr={['0.001', '0.1'][best]}")
+    assert f"--set optimizer.lr={['0.001', '0.1'][best]}" in result.stdout
+    assert "runjob: sweep: 2 finished of 2 trial(s) in " in result.stdout
+
+
+SWEEP_OPTIONS = ("--set", "tracking.log_model=none", "--set", "tracking.system_metrics_interval=0")
+CHECKPOINTED = ("--set", "train.epochs=4", "--set", "train.checkpoint_every=5")
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_median_pruner_stops_hopeless_learning_rates_after_their_first_evaluation(tester):
+    tester.write_job(
+        "job.toml",
+        SMALL_DIGITS.format(name="pr")
+        + """
+    [sweep]
+    pruner = { name = "median", n_startup_trials = 2 }
+    [sweep.parameters]
+    "optimizer.lr" = [0.01, 0.005, 1e-9, 2e-9]
+    """,
+    )
+    result = tester.cli("sweep", "job.toml", *SWEEP_OPTIONS, "--set", "train.epochs=3", "--output-dir", "sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = tester.runs("pr")
+    children = sorted(
+        (r for r in runs if "runjob.sweep.trial" in r.tags), key=lambda r: int(r.tags["runjob.sweep.trial"])
+    )
+    assert [c.params["optimizer.lr"] for c in children] == ["0.01", "0.005", "1e-09", "2e-09"]
+    assert [c.status for c in children] == ["FINISHED"] * 4, "a pruned trial is a clean early stop"
+    assert [c.tags.get("runjob.sweep.pruned") for c in children] == [None, None, "true", "true"]
+    for pruned in children[2:]:
+        assert pruned.tags["runjob.stopped"].startswith("pruned by the sweep's median pruner at evaluation 1 ")
+        assert len(pruned.history("val/accuracy")) <= 2, "stopped after its first evaluation (and its final one)"
+        assert (tester.path / "sweep" / f"trial-00{pruned.tags['runjob.sweep.trial']}" / "model.safetensors").exists()
+    assert len(children[0].history("val/accuracy")) >= 3
+    trials = json.loads((tester.path / "sweep/trials.json").read_text())
+    assert [t["state"] for t in trials] == ["finished", "finished", "pruned", "pruned"]
+    assert "runjob: sweep: 2 finished, 2 pruned of 4 trial(s)" in result.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_a_sweep_killed_mid_trial_resumes_with_one_parent_its_finished_trials_kept(tester):
+    """SIGKILL to the sweep: its worker passes SIGTERM on to the trial, which checkpoints; the
+    resumed sweep continues the same study and parent run, the trial from its checkpoint."""
+    tester.write_job(
+        "job.toml",
+        SMALL_DIGITS.format(name="rs")
+        + """
+    [sweep]
+    [sweep.parameters]
+    "optimizer.lr" = [0.01, 0.005, 0.002]
+    """,
+    )
+    sweep = tester.popen(
+        "sweep", "job.toml", *SWEEP_OPTIONS, *CHECKPOINTED, "--output-dir", "sweep", stdout=None, stderr=None
+    )
+    checkpoints = tester.path / "sweep/trial-001/checkpoints"
+    deadline = time.monotonic() + 400
+    while not (checkpoints.is_dir() and any(checkpoints.glob("*/*"))):
+        assert sweep.poll() is None and time.monotonic() < deadline, "trial 1 never wrote a checkpoint"
+        time.sleep(0.2)
+    first_run = tester.record("sweep/trial-000").run_id
+    sweep.send_signal(signal.SIGKILL)
+    sweep.wait(timeout=30)
+
+    result = tester.cli("sweep", "job.toml", *SWEEP_OPTIONS, *CHECKPOINTED, "--resume", "sweep")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "runjob: resuming the sweep in sweep" in result.stdout
+    runs = tester.runs("rs")
+    parents = [r for r in runs if r.tags.get("runjob.sweep") == "true"]
+    children = sorted((r for r in runs if r not in parents), key=lambda r: int(r.tags["runjob.sweep.trial"]))
+    assert len(parents) == 1 and parents[0].status == "FINISHED"
+    assert [c.tags["runjob.sweep.trial"] for c in children] == ["0", "1", "2"], "no trial run twice"
+    assert children[0].run_id == first_run and [c.status for c in children] == ["FINISHED"] * 3
+    assert any(key.startswith("runjob.resumed.step_") for key in children[1].tags), (
+        "trial 1 went on from its checkpoint"
+    )
+    assert parents[0].history("sweep/val/accuracy") == [(n, c.metrics["val/accuracy"]) for n, c in enumerate(children)]
+    trials = json.loads((tester.path / "sweep/trials.json").read_text())
+    assert [t["state"] for t in trials] == ["finished"] * 3
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_two_joined_workers_share_one_study_with_no_trial_run_twice(tester):
+    """As a Slurm array runs a sweep: the same command started twice against one folder; the
+    first creates the sweep there, both take trials from its journal file."""
+    tester.write_job(
+        "job.toml",
+        SMALL_DIGITS.format(name="jn")
+        + """
+    [sweep]
+    method = "random"
+    trials = 5
+    [sweep.parameters]
+    "optimizer.lr" = { low = 1e-4, high = 1e-1, log = true }
+    """,
+    )
+    command = ("sweep", "job.toml", *SWEEP_OPTIONS, "--set", "train.max_steps=3", "--join", "shared")
+    workers = [tester.popen(*command, env={"OMP_NUM_THREADS": "1"}) for _ in range(2)]
+    outputs = [worker.communicate(timeout=600) for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
+    took = [[line for line in out.splitlines() if ": starting in " in line] for out, _ in outputs]
+    assert all(took), "both workers ran trials"
+    assert sum(map(len, took)) == 5
+    runs = tester.runs("jn")
+    [parent] = [r for r in runs if r.tags.get("runjob.sweep") == "true"]
+    children = [r for r in runs if r is not parent]
+    assert sorted(int(c.tags["runjob.sweep.trial"]) for c in children) == [0, 1, 2, 3, 4]
+    assert {c.tags["mlflow.parentRunId"] for c in children} == {parent.run_id}
+    assert parent.status == "FINISHED", "the last worker out (or the creator) records the end"
+    assert sum("created the sweep" in out for out, _ in outputs) == 1

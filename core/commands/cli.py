@@ -179,18 +179,50 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep",
         help="run the trials of the job's [sweep] table under one parent MLflow run",
         description=(
-            "Run one trial per point of the job's [sweep] table, each a child MLflow run of one parent run, and "
-            "report the best."
+            "Run the trials of the job's [sweep] table, an Optuna study in durable storage, each a child MLflow run of "
+            "one parent run, with several workers on this machine (--workers), on other machines (--join), and "
+            "continue a stopped sweep (--resume); report the best."
         ),
     )
     add_job_arguments(sweep)
     sweep.add_argument(
         "--output-dir", type=Path, help="where the sweep's trials go (default: runs/<job name>-sweep/<time>)"
     )
+    sweep.add_argument(
+        "--workers",
+        type=positive_int,
+        metavar="N",
+        help="trials run at once on this machine, each on its own GPUs ([sweep] gpus_per_trial) or its share of "
+        "the CPU cores (default: one per gpus_per_trial GPUs, else 1)",
+    )
+    joining = sweep.add_mutually_exclusive_group()
+    joining.add_argument(
+        "--join",
+        metavar="SWEEP",
+        help="work on an existing sweep: its folder (created by the first worker when it holds none yet), its parent "
+        "MLflow run id, or its Optuna storage URL ([sweep] study names the study)",
+    )
+    joining.add_argument(
+        "--resume",
+        metavar="SWEEP",
+        help="continue a stopped sweep in its folder (its study and parent run; interrupted trials resume from "
+        "their checkpoints); 'auto' with --output-dir: that, or a new sweep there",
+    )
     add_trained_model_commands(commands, uri_default)
     for name in LOADING_PLUGINS:
         add_disable_plugin(commands.choices[name])
     return parser
+
+
+def positive_int(text: str) -> int:
+    """``--workers N``: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of 1 or more (got {text!r})")
+    return value
 
 
 def add_trained_model_commands(commands: argparse._SubParsersAction, uri_default: str) -> None:

@@ -1,9 +1,12 @@
-"""``runjob sweep``: run the trials of a job's ``[sweep]`` table under one parent MLflow run.
+"""``runjob sweep``: the trials of a job's ``[sweep]`` table, an Optuna study in durable storage,
+run by workers on this machine and others, under one parent MLflow run.
 
-Every trial is ``runjob run JOB --set KEY=VALUE...`` in a subprocess of its own, so a trial is an
-ordinary run (several processes included) whose output folder and MLflow run look like any other;
-its ``--tag`` flags tag it as a child of the sweep's parent run. A grid is every combination of
-the listed values; random and TPE draw points through Optuna's ask-and-tell interface.
+``runjob sweep JOB`` creates the sweep (its folder, its study, its parent run), starts ``--workers``
+worker processes (each ``runjob sweep JOB --join FOLDER``, each trial a ``runjob run`` of its own),
+logs each trial to the parent as it finishes, and records the end. ``--join`` adds a worker on
+any machine that reaches the storage (the first to reach an empty folder creates the sweep);
+``--resume`` continues a stopped sweep. The process that records the parent run holds the
+folder's owner lock; when it is gone, the last worker records the end. See :mod:`runjob.sweep`.
 
 Nothing heavy is imported at module level: ``runjob validate`` uses :func:`check_values`.
 """
@@ -11,90 +14,26 @@ Nothing heavy is imported at module level: ``runjob validate`` uses :func:`check
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import itertools
-import json
-import math
+import os
+import re
 import shlex
-import signal
-import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Any
 
 from runjob.commands.table import render
-from runjob.errors import JobError, Problem, RunjobError, Terminated, TrackingError, describe
+from runjob.errors import JobError, Problem, RunjobError, Terminated
 from runjob.host.plugin_host import PluginHost
-from runjob.host.run_folder import RunFolder
 from runjob.job.jobfile import RawJob, apply_override
-from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
+from runjob.job.schema import SWEEP_TABLE, SweepRange
 from runjob.job.validation import ResolvedJob, resolve
-from runjob.record.command_run import CommandRun
-from runjob.record.local import RUN_RECORD, last_values, run_id_in
-from runjob.train.entry import run_arguments
+from runjob.sweep.study import grid_points
+from runjob.sweep.worker import USER_MISTAKE_EXIT, override, shown
 
-TRIALS_FILE = "trials.json"  # every trial's overrides, status, value and run; in the sweep folder and on the parent run
-USER_MISTAKE_EXIT = 2  # a trial that exits with this stops the sweep: every other trial would repeat it
-
-
-@dataclass
-class Trial:
-    """One trial: the values it sets and what came of it."""
-
-    index: int
-    values: dict[str, Any]
-    output_dir: Path
-    status: str = "running"  # then "finished", "failed" or "killed"
-    value: float | None = None
-    run_id: str | None = None
-    message: str = ""
-
-    @property
-    def overrides(self) -> list[str]:
-        return [override(key, value) for key, value in self.values.items()]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "overrides": self.overrides,
-            "status": self.status,
-            "value": self.value,
-            "run_id": self.run_id,
-            "output_dir": str(self.output_dir.resolve()),
-            "message": self.message,
-        }
-
-
-# --- values as --set overrides ------------------------------------------------------------------
-
-
-def toml_value(value: Any) -> str:
-    """``value`` as one line of TOML, as ``--set`` reads it back (``0.01``, ``"ddp"``, ``[0.9, 0.99]``)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return value.isoformat()  # TOML dates and times
-
-
-def override(key: str, value: Any) -> str:
-    """The ``--set`` text that gives job key ``key`` the value ``value``."""
-    return f"{key}={toml_value(value)}"
-
-
-def _shown(values: dict[str, Any]) -> str:
-    return " ".join(
-        f"{key}={value:.4g}" if isinstance(value, float) else override(key, value) for key, value in values.items()
-    )
+RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+QUIET_ENVIRONMENT = "RUNJOB_SWEEP_QUIET"  # set for the workers of one machine: each trial's output to its folder
 
 
 # --- checking every value before any trial -------------------------------------------------------
@@ -149,277 +88,90 @@ def _refused_combination(job: ResolvedJob, host: PluginHost) -> list[Problem]:
                 Problem(
                     origin.file,
                     where,
-                    f"the combination {_shown(point)} is refused: {refused.key}: {refused.message}",
+                    f"the combination {shown(point)} is refused: {refused.key}: {refused.message}",
                     origin.line,
                 )
             ]
     return []
 
 
-# --- choosing each trial's values ---------------------------------------------------------------
-
-
-def grid_points(parameters: dict[str, list[Any] | SweepRange]) -> list[dict[str, Any]]:
-    """Every combination of the listed values, the last key varying fastest."""
-    keys = list(parameters)
-    return [dict(zip(keys, values, strict=True)) for values in itertools.product(*(parameters[k] for k in keys))]
-
-
-class GridPlan:
-    """Trial ``i`` is the ``i``-th combination of the grid."""
-
-    def __init__(self, sweep: SweepTable) -> None:
-        self.points = grid_points(sweep.parameters)
-        self.total = len(self.points)
-
-    def ask(self, index: int) -> dict[str, Any]:
-        return self.points[index]
-
-    def tell(self, index: int, value: float | None) -> None:
-        """A grid does not learn from results."""
-
-
-def import_optuna(method: str) -> Any:
-    """Optuna, or a RunjobError saying how to install it."""
-    try:
-        import optuna
-    except ImportError:
-        raise RunjobError(
-            f"{SWEEP_TABLE}.method = \"{method}\" needs Optuna: pip install 'runjob-train[sweep]'"
-        ) from None
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # runjob prints its own line per trial
-    return optuna
-
-
-class OptunaPlan:
-    """Random or TPE sampling through Optuna's ask-and-tell interface.
-
-    A list of choices is asked as a categorical over the choices' positions, so any TOML value
-    (an array too) can be a choice.
-    """
-
-    def __init__(self, sweep: SweepTable) -> None:
-        optuna = import_optuna(sweep.method)
-        samplers = {"random": optuna.samplers.RandomSampler, "tpe": optuna.samplers.TPESampler}
-        self.study = optuna.create_study(direction=sweep.direction, sampler=samplers[sweep.method](seed=sweep.seed))
-        self.parameters = sweep.parameters
-        self.distributions = {key: _distribution(optuna, spec) for key, spec in sweep.parameters.items()}
-        self.total = sweep.trials
-        self._failed = optuna.trial.TrialState.FAIL
-        self._asked: dict[int, Any] = {}
-
-    def ask(self, index: int) -> dict[str, Any]:
-        trial = self.study.ask(self.distributions)
-        self._asked[index] = trial
-        return {
-            key: spec[trial.params[key]] if isinstance(spec, list) else trial.params[key]
-            for key, spec in self.parameters.items()
-        }
-
-    def tell(self, index: int, value: float | None) -> None:
-        """Report trial ``index``'s result (None: it failed)."""
-        trial = self._asked.pop(index)
-        if value is None:
-            self.study.tell(trial, state=self._failed)
-        else:
-            self.study.tell(trial, value)
-
-
-def _distribution(optuna: Any, spec: list[Any] | SweepRange) -> Any:
-    distributions = optuna.distributions
-    if isinstance(spec, list):
-        return distributions.CategoricalDistribution(list(range(len(spec))))
-    if spec.integer:
-        return distributions.IntDistribution(spec.low, spec.high, log=spec.log)
-    return distributions.FloatDistribution(float(spec.low), float(spec.high), log=spec.log)
-
-
-def make_plan(sweep: SweepTable) -> GridPlan | OptunaPlan:
-    """The plan that chooses each trial's values for ``sweep.method``."""
-    return GridPlan(sweep) if sweep.method == "grid" else OptunaPlan(sweep)
-
-
-# --- a trial's run --------------------------------------------------------------------------------
-
-
-class SignalForwarder:
-    """While active, SIGINT and SIGTERM are remembered and passed on to the running trial, which
-    stops after a checkpoint (a second Ctrl-C stops it at once). Trials run in their own session,
-    so a terminal's Ctrl-C reaches them once, through here."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.child: subprocess.Popen | None = None
-
-    def _receive(self, signum: int, frame: Any) -> None:
-        self.signum = self.signum or signum
-        if self.child is not None and self.child.poll() is None:
-            self.child.send_signal(signum)
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[SignalForwarder]:
-        previous = {s: signal.signal(s, self._receive) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
-
-
-def run_trial(trial: Trial, command: list[str], signals: SignalForwarder) -> int:
-    """Run one trial's ``runjob run`` with its output streamed through; returns its exit code."""
-    child = subprocess.Popen(command, start_new_session=True)
-    signals.child = child
-    if signals.signum:  # the signal came while the trial was starting
-        child.send_signal(signals.signum)
-    try:
-        return child.wait()
-    finally:
-        signals.child = None
-        if child.poll() is None:  # the sweep itself failed: leave no trial behind
-            child.kill()
-            child.wait()
-
-
-def trial_command(job_path: Path, overrides: list[str], trial: Trial, tags: dict[str, str]) -> list[str]:
-    """``python -m runjob run JOB --set ... --tag ... --output-dir SWEEP_DIR/trial-NNN``: the trial
-    is an ordinary run in a process of its own (so ``[launch]`` works for trials too)."""
-    arguments = run_arguments(job_path, [*overrides, *trial.overrides], trial.output_dir, tags=tags)
-    return [sys.executable, "-m", "runjob", *arguments]
-
-
-def read_result(trial: Trial, metric: str) -> None:
-    """Fill in ``trial``'s run id and the last value of ``metric`` from its output folder; a
-    finished trial without the metric (or with a non-finite one) is failed, saying what it logged."""
-    trial.run_id = run_id_in(trial.output_dir)
-    logged = last_values(trial.output_dir)
-    value = logged.get(metric)
-    if value is None:
-        trial.status = "failed"
-        trial.message = f"logged no {metric!r}; it logged: {', '.join(sorted(logged)) or 'nothing'}"
-    elif not math.isfinite(value):
-        trial.status, trial.message = "failed", f"{metric} is {value}"
-    else:
-        trial.status, trial.value = "finished", float(value)
-
-
-# --- the parent MLflow run ------------------------------------------------------------------------
-
-
-class ParentRun:
-    """The sweep's own run: its settings as params, one ``sweep/<metric>`` point per trial, the
-    best trial as tags, ``trials.json`` and the job file as artifacts. Recorded as a training run
-    is, first in the sweep's folder (``mlflow_run.json``, ``metrics.jsonl``, ``record/<job file>``),
-    then in MLflow, so ``runjob sync SWEEP_DIR`` uploads what MLflow missed mid-sweep."""
-
-    def __init__(self, recorded: CommandRun) -> None:
-        self.recorded = recorded
-
-    @property
-    def run_id(self) -> str:
-        run_id = self.recorded.run_id
-        assert run_id is not None, "ParentRun.start gives a run MLflow created"
-        return run_id
-
-    @classmethod
-    def start(cls, job: ResolvedJob, total: int, tags: dict[str, str], folder: Path) -> ParentRun:
-        """Record the parent run in ``folder`` and create it in the job's experiment; a TrackingError
-        when MLflow cannot create it (the trials are its children: they need its id)."""
-        from runjob.record.uri import default_experiment, resolve_tracking_uri
-
-        uri = resolve_tracking_uri(job.tracking.uri)
-        experiment = default_experiment(job.tracking, job.job.name)
-        recorded = CommandRun.begin(
-            folder, uri, experiment, f"{job.job.name}-sweep", sweep_params(job.sweep, total), tags
-        )
-        if recorded.online:
-            job_file = RunFolder(folder).record_dir / job.source.path.name
-            job_file.parent.mkdir(exist_ok=True)
-            job_file.write_text(_job_file_text(job), encoding="utf-8")
-            recorded.log_artifact(job_file)
-        if not recorded.online:
-            if recorded.run_id is None:  # no sweep began: nothing for `runjob sync` to upload
-                (folder / RUN_RECORD).unlink(missing_ok=True)
-            else:
-                recorded.set_tags({"runjob.error": f"MLflow did not take the sweep: {recorded.failure}"})
-                recorded.end("FAILED")  # a run is never left RUNNING
-            if isinstance(recorded.error, TrackingError):  # the server is not there: said as for a run
-                raise TrackingError(str(recorded.error)) from None
-            raise TrackingError(f"cannot record the sweep to MLflow at {uri} (tracking.uri): {recorded.failure}")
-        return cls(recorded)
-
-    def log_trial(self, trial: Trial, metric: str) -> None:
-        """Record a finished trial's value at step = its index."""
-        if trial.value is not None:
-            self.recorded.log_metrics({f"sweep/{metric}": trial.value}, trial.index)
-
-    def finish(
-        self, trials: list[Trial], best: Trial | None, metric: str, status: str, error: BaseException | None
-    ) -> None:
-        """Record the best trial and every trial, and close the run with ``status``; say how to
-        upload what MLflow did not take."""
-        if best is not None:
-            self.recorded.set_tags(
-                {
-                    "runjob.sweep.best_trial": str(best.index),
-                    "runjob.sweep.best_run_id": best.run_id or "",
-                    "runjob.sweep.best_params": " ".join(best.overrides),
-                }
-            )
-            self.recorded.log_metrics({f"best/{metric}": best.value}, best.index)
-        if error is not None:
-            self.recorded.set_tags({"runjob.error": describe(error)[:5000]})
-        trials_file = self.recorded.folder / TRIALS_FILE
-        trials_file.write_text(trials_json(trials), encoding="utf-8")
-        self.recorded.log_artifact(trials_file)
-        self.recorded.end(status)
-        if not self.recorded.online:
-            print(
-                f"runjob: warning: MLflow did not take the sweep's parent run ({self.recorded.failure}); its record is "
-                f"complete in {self.recorded.folder}: upload it with `runjob sync {self.recorded.folder}`",
-                file=sys.stderr,
-            )
-
-
-def _job_file_text(job: ResolvedJob) -> str:
-    """The job file as written; where the job holds a secret, its tables with the secrets hidden."""
-    import tomli_w
-
-    from runjob.job.redaction import redact_tables
-
-    hidden = redact_tables(job.source.data)
-    return job.source.path.read_text(encoding="utf-8") if hidden == job.source.data else tomli_w.dumps(hidden)
-
-
-def sweep_params(sweep: SweepTable, total: int) -> dict[str, str]:
-    """The parent run's params: the sweep's settings, each parameter's choices or range as JSON."""
-    params = {
-        "sweep.method": sweep.method,
-        "sweep.metric": sweep.metric,
-        "sweep.direction": sweep.direction,
-        "sweep.trials": str(total),
-    }
-    if sweep.method != "grid":
-        params["sweep.seed"] = str(sweep.seed)
-    for key, spec in sweep.parameters.items():
-        params[f"sweep.parameters.{key}"] = json.dumps(spec.model_dump() if isinstance(spec, SweepRange) else spec)
-    return params
-
-
-def trials_json(trials: list[Trial]) -> str:
-    return json.dumps([trial.to_json() for trial in trials], indent=1) + "\n"
-
-
-def best_trial(trials: list[Trial], direction: str) -> Trial | None:
-    """The finished trial with the best value (the earliest among equals)."""
-    finished = [t for t in trials if t.status == "finished"]
-    if not finished:
-        return None
-    sign = -1 if direction == "maximize" else 1
-    return min(finished, key=lambda t: (sign * t.value, t.index))
-
-
 # --- the command ----------------------------------------------------------------------------------
+
+
+def _load(args: argparse.Namespace) -> tuple[ResolvedJob, PluginHost]:
+    """The job with its [sweep] table, every value checked, before anything is recorded."""
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
+    from runjob.sweep.study import import_optuna, make_sampler
+
+    host = load_plugins()
+    job = load_resolved(args.job, args.overrides, host)
+    if job.sweep is None:
+        raise RunjobError(
+            f"{args.job}: has no [sweep] table: add one to say which job keys to try (see the README's [sweep] "
+            "reference)"
+        )
+    check_values(job, host)
+    if job.tracking.offline:
+        raise RunjobError(
+            "tracking.offline = true: `runjob sweep` records its trials under a parent MLflow run; sweep with "
+            "tracking.offline = false"
+        )
+    make_sampler(import_optuna(job.sweep.method), job.sweep, 0)  # Optuna and the sampler's needs, installed
+    return job, host
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """``runjob sweep JOB.toml [--workers N | --join SWEEP | --resume SWEEP]``.
+
+    Exit 0 when at least one trial finished (a joining worker: when it ran its share), 1 when none
+    did, 2 for a mistake in the job (found before any trial, or a trial exiting with 2), 128 +
+    signal when stopped.
+    """
+    job, _ = _load(args)
+    if args.join:
+        return _join(job, args)
+    if args.resume:
+        return _resume(job, args)
+    return _new(job, args)
+
+
+def _new(job: ResolvedJob, args: argparse.Namespace, folder: Path | None = None) -> int:
+    from runjob.record.outputs import choose_output_dir
+    from runjob.sweep.study import LOCK_FILE, OWNER_LOCK, SWEEP_FILE, FileLock
+
+    folder = folder or choose_output_dir(f"{job.job.name}-sweep", args.output_dir)
+    if (folder / SWEEP_FILE).exists():
+        raise RunjobError(
+            f"--output-dir {folder}: this folder already holds a sweep ({SWEEP_FILE}): continue it with "
+            f"--resume {folder}, add workers with --join {folder}, or choose another folder"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    owner = FileLock(folder / OWNER_LOCK)
+    owner.acquire()
+    with FileLock(folder / LOCK_FILE):
+        study, parent = _create(job, args, folder)
+    return _coordinate(job, args, study, parent, time.time())
+
+
+def _create(job: ResolvedJob, args: argparse.Namespace, folder: Path) -> tuple[Any, Any]:
+    """The sweep in ``folder``: its parent run, its study, ``sweep.json``. Under the folder's lock."""
+    from runjob.job.redaction import redact_text
+    from runjob.sweep.parent import ParentRun, sweep_params
+    from runjob.sweep.study import PARENT_ATTR, SWEEP_DIR_ATTR, SweepInfo, SweepStudy, budget_of, storage_of
+
+    sweep = job.sweep
+    assert sweep is not None
+    name = sweep.study or f"{job.job.name}-{folder.resolve().name}"
+    storage = storage_of(sweep, folder)
+    params = sweep_params(sweep, budget_of(sweep), name, storage)
+    tags = {**_parent_tags(job, args.overrides, folder), "runjob.sweep.study": name}
+    parent = ParentRun.start(job, params, tags, folder)
+    study = SweepStudy.create(sweep, folder, name)
+    study.study.set_user_attr(PARENT_ATTR, parent.run_id)
+    study.study.set_user_attr(SWEEP_DIR_ATTR, str(folder.resolve()))
+    SweepInfo(name, redact_text(storage), parent.run_id, str(job.source.path.resolve()), params).write(folder)
+    return study, parent
 
 
 def _parent_tags(job: ResolvedJob, overrides: list[str], sweep_dir: Path) -> dict[str, str]:
@@ -436,145 +188,328 @@ def _parent_tags(job: ResolvedJob, overrides: list[str], sweep_dir: Path) -> dic
     }
 
 
-def _prepare(args: argparse.Namespace) -> tuple[ResolvedJob, GridPlan | OptunaPlan, Path]:
-    """Everything checked before the parent run exists: the job, every value, Optuna, the folder."""
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.validation import load_resolved
-    from runjob.record.outputs import choose_output_dir
+def _open(job: ResolvedJob, folder: Path) -> Any:
+    """The study of the sweep recorded in ``folder``; the job's sweep must be the recorded one."""
+    from runjob.sweep.parent import same_sweep, sweep_params
+    from runjob.sweep.study import SweepInfo, SweepStudy, budget_of, is_url
 
-    host = load_plugins()
-    job = load_resolved(args.job, args.overrides, host)
-    if job.sweep is None:
-        raise RunjobError(
-            f"{args.job}: has no [sweep] table: add one to say which job keys to try (see the README's [sweep] "
-            "reference)"
-        )
-    check_values(job, host)
-    if job.tracking.offline:
-        raise RunjobError(
-            "tracking.offline = true: `runjob sweep` records its trials under a parent MLflow run; sweep with "
-            "tracking.offline = false"
-        )
-    plan = make_plan(job.sweep)
-    sweep_dir = choose_output_dir(f"{job.job.name}-sweep", args.output_dir)
-    if (sweep_dir / TRIALS_FILE).exists():
-        raise RunjobError(
-            f"--output-dir {sweep_dir}: this folder already holds a sweep ({TRIALS_FILE}); choose another so nothing "
-            "is overwritten"
-        )
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    return job, plan, sweep_dir
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """``runjob sweep JOB.toml``: run every trial, record the parent run, print the best.
-
-    Exit 0 when at least one trial finished, 1 when none did, 2 for a mistake in the job (found
-    before any trial, or a trial exiting with 2), 128 + signal when stopped.
-    """
-    job, plan, sweep_dir = _prepare(args)
     sweep = job.sweep
-    parent = ParentRun.start(job, plan.total, _parent_tags(job, args.overrides, sweep_dir), sweep_dir)
+    assert sweep is not None
+    info = SweepInfo.read(folder)
+    if info is None:
+        raise RunjobError(f"{folder}: holds no sweep (sweep.json): start one with `runjob sweep {job.source.path}`")
+    storage = info.storage
+    if is_url(storage):  # recorded with its password hidden: the job's own [sweep] storage says it
+        if not sweep.storage or not is_url(sweep.storage):
+            raise RunjobError(
+                f"{folder}: the sweep's study is in {storage}: give the storage URL with "
+                "--set 'sweep.storage=\"...\"' (or [sweep] storage)"
+            )
+        storage = sweep.storage
+    differs = same_sweep(info.sweep, sweep_params(sweep, budget_of(sweep), info.study, storage))
+    if differs:
+        key = differs[0]
+        raise RunjobError(
+            f"{key}: this job's value ({sweep_params(sweep, budget_of(sweep), info.study, storage).get(key)}) is not "
+            f"the sweep's in {folder} ({info.sweep.get(key)}): a sweep's workers run one job; use the sweep's job "
+            f"file ({info.job_file}) and --set flags"
+        )
+    return SweepStudy.load(sweep, folder, info.study, storage), info
+
+
+def _where(job: ResolvedJob, target: str, output_dir: Path | None) -> Path:
+    """The sweep folder ``--join`` / ``--resume`` names: a folder, a parent run id, or a storage URL."""
+    from runjob.sweep.study import SWEEP_DIR_ATTR, is_url
+
+    if is_url(target):
+        from runjob.job.redaction import redact_text
+        from runjob.sweep.study import import_optuna, open_storage
+
+        sweep = job.sweep
+        assert sweep is not None
+        if not sweep.study:
+            raise RunjobError(
+                f"--join {redact_text(target)}: name the study to join with [sweep] study "
+                "(or --set 'sweep.study=\"...\"')"
+            )
+        optuna = import_optuna(sweep.method)
+        try:
+            study = optuna.load_study(study_name=sweep.study, storage=open_storage(optuna, target))
+        except KeyError:
+            raise RunjobError(f"sweep.study = {sweep.study!r}: no such study in that storage yet") from None
+        recorded = study.user_attrs.get(SWEEP_DIR_ATTR)
+        if output_dir is None and not recorded:
+            raise RunjobError(f"sweep.study = {sweep.study!r}: its sweep folder is not recorded: give --output-dir")
+        return output_dir or Path(recorded)
+    if RUN_ID.match(target) and not Path(target).exists():
+        from runjob.record.mlflow_writer import connect
+        from runjob.record.uri import resolve_tracking_uri
+
+        try:
+            run = connect(resolve_tracking_uri(job.tracking.uri)).get_run(target)
+        except Exception as error:  # noqa: BLE001 - MLflow's not-found error has no public type
+            raise RunjobError(f"--join {target}: no such MLflow run at the job's tracking.uri ({error})") from None
+        if run.data.tags.get("runjob.sweep") != "true":
+            raise RunjobError(f"--join {target}: not a sweep's parent run (no runjob.sweep tag)")
+        return Path(run.data.tags["runjob.output_dir"])
+    return Path(target)
+
+
+def _join(job: ResolvedJob, args: argparse.Namespace) -> int:
+    """One more worker (or ``--workers`` more) on the sweep ``--join`` names; the first worker to
+    reach an empty folder creates the sweep there and records it."""
+    from runjob.sweep.study import LOCK_FILE, OWNER_LOCK, SWEEP_FILE, FileLock
+
+    folder = _where(job, args.join, args.output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    owner: FileLock | None = None
+    with FileLock(folder / LOCK_FILE):
+        if not (folder / SWEEP_FILE).exists():
+            owner = FileLock(folder / OWNER_LOCK)
+            owner.acquire()
+            study, parent = _create(job, args, folder)
+    if owner is not None:
+        print(f"runjob: created the sweep in {folder} (MLflow parent run {parent.run_id})", flush=True)
+        return _coordinate(job, args, study, parent, started, in_process=args.workers in (None, 1))
+    study, info = _open(job, folder)
+    if args.workers not in (None, 1):
+        return _coordinate(job, args, study, None, started, parent_run_id=info.parent_run_id)
+    return _work_here(job, args, study, info.parent_run_id, started)
+
+
+def _work_here(job: ResolvedJob, args: argparse.Namespace, study: Any, parent_run_id: str, started: float) -> int:
+    """Run this process's share of the trials; then, when the sweep's owner is gone, record its end."""
+    from runjob.sweep.parent import ParentRun
+    from runjob.sweep.study import OWNER_LOCK, FileLock
+    from runjob.sweep.worker import Signals, Worker
+
+    quiet = os.environ.get(QUIET_ENVIRONMENT) == "1"
+    worker = Worker(study, job.source.path, list(args.overrides), parent_run_id, quiet=quiet)
+    with Signals().active() as signals:
+        outcomes = worker.run(signals)
+        if signals.signum:
+            raise Terminated(signals.signum)
+    owner = FileLock(study.folder / OWNER_LOCK)
+    if not owner.acquire(blocking=False):
+        print(
+            f"runjob: sweep worker done: {len(outcomes)} trial(s) here; the sweep's owner records its end", flush=True
+        )
+        return 0
+    assert job.sweep is not None
+    parent = ParentRun.reopen(study.folder, job.sweep.metric or "")
+    return _finish(study, parent, started, signals=None, code=None)
+
+
+def _resume(job: ResolvedJob, args: argparse.Namespace) -> int:
+    """Continue the stopped sweep in ``--resume``'s folder (``auto``: ``--output-dir``'s, or a new one)."""
+    from runjob.sweep.parent import ParentRun
+    from runjob.sweep.study import OWNER_LOCK, SWEEP_FILE, FileLock
+    from runjob.sweep.worker import wait_for_previous
+
+    if args.resume == "auto":
+        if args.output_dir is None:
+            raise RunjobError(
+                "--resume auto needs --output-dir: the sweep's folder (a new sweep starts there when it holds none)"
+            )
+        if not (args.output_dir / SWEEP_FILE).exists():
+            return _new(job, args, args.output_dir)
+        folder = args.output_dir
+    else:
+        folder = _where(job, args.resume, args.output_dir)
+    owner = FileLock(folder / OWNER_LOCK)
+    if (folder / SWEEP_FILE).exists() and not owner.acquire(blocking=False):
+        raise RunjobError(
+            f"--resume {folder}: the sweep there is still running (its owner holds {OWNER_LOCK}); add workers to it "
+            f"with --join {folder}"
+        )
+    study, _ = _open(job, folder)
+    wait_for_previous(study)
+    assert job.sweep is not None
+    parent = ParentRun.reopen(folder, job.sweep.metric or "")
+    print(f"runjob: resuming the sweep in {folder} (MLflow parent run {parent.run_id})", flush=True)
+    return _coordinate(job, args, study, parent, time.time())
+
+
+def _coordinate(
+    job: ResolvedJob,
+    args: argparse.Namespace,
+    study: Any,
+    parent: Any,
+    started: float,
+    *,
+    in_process: bool = False,
+    parent_run_id: str | None = None,
+) -> int:
+    """Run the workers (here, or ``--workers`` processes), log the parent run as trials finish,
+    wait for other machines' running trials, then record the end. ``parent`` None: not the owner."""
+    from runjob.sweep.devices import cpu_cores, plan_workers, visible_gpus
+    from runjob.sweep.worker import Signals, Worker, start_child
+
+    sweep = job.sweep
+    assert sweep is not None
+    run_id = parent.run_id if parent is not None else parent_run_id
+    assert run_id is not None
+    plans = plan_workers(args.workers, visible_gpus(), sweep.gpus_per_trial, job.launch.num_processes, cpu_cores())
+    devices = ", ".join(plan["CUDA_VISIBLE_DEVICES"] or "CPU" for plan in plans if "CUDA_VISIBLE_DEVICES" in plan)
+    threads = plans[0].get("OMP_NUM_THREADS")
+    how = f"GPUs {devices}" if devices and "CPU" not in devices else f"{threads} thread(s) each" if threads else ""
     print(
-        f"runjob: sweep of {plan.total} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}: output in "
-        f"{sweep_dir}, MLflow parent run {parent.run_id}",
+        f"runjob: sweep of {study.budget} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}"
+        + (f", pruner {sweep.pruner.name}" if sweep.pruner.name != "none" else "")
+        + f": {len(plans)} worker(s) here"
+        + (f" ({how})" if how else "")
+        + f"; output in {study.folder}, MLflow parent run {run_id}; study {study.study.study_name!r} in "
+        + f"{_storage_said(study.storage)}",
         flush=True,
     )
-    trials: list[Trial] = []
-    status, error = "FAILED", None
-    try:
-        with SignalForwarder().active() as signals:
-            for index in range(plan.total):
-                if signals.signum:
-                    break
-                trial = Trial(index, plan.ask(index), sweep_dir / f"trial-{index:03d}")
-                trials.append(trial)
-                _run_one(job, args, plan, trial, parent, signals)
-                (sweep_dir / TRIALS_FILE).write_text(trials_json(trials), encoding="utf-8")
+    code: int | None = None
+    with Signals().active() as signals:
+        try:
+            if in_process:
+                worker = Worker(study, job.source.path, list(args.overrides), run_id, environment=plans[0])
+                if parent is not None:
+                    worker.after_trial = lambda outcome: parent.progress(study)
+                worker.run(signals)
+            else:
+                code = _run_workers(job, args, study, parent, plans, signals, start_child)
+        except RunjobError as mistake:
+            if parent is None:
+                raise
+            print(f"runjob: {mistake}", file=sys.stderr, flush=True)
+            code = USER_MISTAKE_EXIT
+        if parent is None:
             if signals.signum:
                 raise Terminated(signals.signum)
-        status = "FINISHED" if best_trial(trials, sweep.direction) else "FAILED"
-    except (Terminated, KeyboardInterrupt) as stop:
-        status, error = "KILLED", stop
-        raise
-    except BaseException as failure:
-        error = failure
-        raise
-    finally:
-        best = best_trial(trials, sweep.direction)
-        (sweep_dir / TRIALS_FILE).write_text(trials_json(trials), encoding="utf-8")
-        with _warn_if_mlflow_fails("the parent run's results"):
-            parent.finish(trials, best, sweep.metric, status, error)
-        print_summary(trials, best, plan.total, sweep.metric)
+            return 0 if code in (None, 0) else code
+        if not signals.signum and code is None:
+            _wait_elsewhere(study, parent, signals)
+        return _finish(study, parent, started, signals, code)
+
+
+def _storage_said(storage: str) -> str:
+    from runjob.job.redaction import redact_text
+
+    return redact_text(storage)
+
+
+def _run_workers(job, args, study, parent, plans, signals, start_child) -> int | None:  # type: ignore[no-untyped-def]
+    """``len(plans)`` worker processes, each ``runjob sweep JOB --join FOLDER`` with its devices;
+    the parent logged as their trials finish. The highest worker exit code that is not 0, or None."""
+    command = [sys.executable, "-m", "runjob", "sweep", str(job.source.path), "--join", str(study.folder)]
+    command += [part for text in args.overrides for part in ("--set", text)]
+    quiet = {QUIET_ENVIRONMENT: "1"} if len(plans) > 1 else {}
+    children = []
+    for plan in plans:
+        child = start_child(command, {**os.environ, **plan, **quiet})
+        signals.watch(child)
+        children.append(child)
+    while any(child.poll() is None for child in children):
+        if parent is not None:
+            parent.progress(study)
+        time.sleep(1.0)
+    codes = [child.returncode for child in children if child.returncode != 0]
+    if signals.signum:
+        return None
+    return max(codes) if codes else None
+
+
+def _wait_elsewhere(study: Any, parent: Any, signals: Any) -> None:
+    """Trials other machines still run: wait for them, logging each as it finishes."""
+    said = False
+    while not signals.signum:
+        running = study.running_elsewhere()
+        if not running:
+            return
+        if not said:
+            print(f"runjob: waiting for trial(s) {', '.join(map(str, running))} running on other workers", flush=True)
+            said = True
+        parent.progress(study)
+        time.sleep(2.0)
+
+
+def _finish(study: Any, parent: Any, started: float, signals: Any, code: int | None) -> int:
+    """Record the sweep's end on the parent run and print the summary; the exit code."""
+    from runjob.sweep.study import STOPPED
+
+    states = study.states
+    trials = study.trials()
+    stopped = bool(signals and signals.signum)
+    if stopped:
+        status = "KILLED"
+    elif code == USER_MISTAKE_EXIT or study.stopped():
+        status = "FAILED"
+    else:
+        status = "FINISHED" if any(t.state == states.COMPLETE for t in trials) else "FAILED"
+    error = (
+        Terminated(signals.signum)
+        if stopped
+        else RunjobError(study.study.user_attrs[STOPPED])
+        if study.stopped()
+        else None
+    )
+    parent.finish(study, status, error)
+    print_summary(study, started)
+    if stopped:
+        print(f"runjob: the sweep stopped; continue it with `runjob sweep {_job_said(study)} --resume {study.folder}`")
+        raise Terminated(signals.signum)
+    if status == "FAILED" and (code == USER_MISTAKE_EXIT or study.stopped()):
+        return USER_MISTAKE_EXIT
     return 0 if status == "FINISHED" else 1
 
 
-def _run_one(
-    job: ResolvedJob,
-    args: argparse.Namespace,
-    plan: GridPlan | OptunaPlan,
-    trial: Trial,
-    parent: ParentRun,
-    signals: SignalForwarder,
-) -> None:
-    """Run ``trial``, read its result, tell the plan and the parent run; exit 2 stops the sweep."""
-    label = f"runjob: sweep trial {trial.index + 1}/{plan.total}: {_shown(trial.values)}"
-    print(f"{label} (output in {trial.output_dir})", flush=True)
-    tags = {
-        "mlflow.parentRunId": parent.run_id,
-        "runjob.sweep.parent": parent.run_id,
-        "runjob.sweep.trial": str(trial.index),
-    }
-    code = run_trial(trial, trial_command(job.source.path, args.overrides, trial, tags), signals)
-    read_result(trial, job.sweep.metric)
-    if signals.signum:
-        trial.status, trial.value, trial.message = "killed", None, f"stopped by signal {signals.signum}"
-    elif code != 0:
-        trial.status, trial.value, trial.message = "failed", None, f"exit code {code}"
-    plan.tell(trial.index, trial.value)
-    with _warn_if_mlflow_fails(f"trial {trial.index}'s value"):
-        parent.log_trial(trial, job.sweep.metric)
-    outcome = (
-        f"{job.sweep.metric} {trial.value:.4f}" if trial.value is not None else f"{trial.status} ({trial.message})"
-    )
-    print(f"{label} -> {outcome}" + (f" (run {trial.run_id})" if trial.run_id else ""), flush=True)
-    if code == USER_MISTAKE_EXIT and not signals.signum:
-        raise RunjobError(
-            f"sweep trial {trial.index} ({' '.join(trial.overrides)}) stopped with a mistake in the job or its setup "
-            "(above) that every trial would repeat; the sweep stops"
-        )
+def _job_said(study: Any) -> str:
+    from runjob.sweep.study import SweepInfo
+
+    info = SweepInfo.read(study.folder)
+    return shlex.quote(info.job_file) if info else "JOB"
 
 
-@contextlib.contextmanager
-def _warn_if_mlflow_fails(what: str) -> Iterator[None]:
-    """A tracking server that fails mid-sweep costs a line in the parent run, not the sweep."""
-    try:
-        yield
-    except Exception as error:  # noqa: BLE001 - MLflow's errors have no common base worth naming
-        print(f"runjob: warning: could not record {what} to MLflow: {describe(error)}", file=sys.stderr)
+def print_summary(study: Any, started: float) -> None:
+    """How many trials finished, were pruned, failed, are interrupted; a table of them, the best
+    marked ``*`` with its ``--set`` flags; the wall time and the speed-up over one worker."""
+    from runjob.sweep.parent import best_trial, overrides_of, trial_rows
 
-
-def print_summary(trials: list[Trial], best: Trial | None, total: int, metric: str) -> None:
-    """A table of the trials, the best marked with ``*``, and its values as ``--set`` flags."""
-    if not trials:
+    rows = trial_rows(study)
+    if not rows:
         return
-    keys = list(trials[0].values)
-    rows = []
-    for t in trials:
-        shown = [f"{v:.4g}" if isinstance(v, float) else toml_value(v) for v in t.values.values()]
-        rows.append(
-            [
-                ("* " if t is best else "  ") + str(t.index),
-                t.status,
-                "" if t.value is None else f"{t.value:.4f}",
-                *shown,
-                t.run_id or "",
-            ]
-        )
-    print(f"runjob: sweep: {sum(t.status == 'finished' for t in trials)} of {total} trial(s) finished")
-    for line in render(["  trial", "status", metric, *keys, "run"], rows, indent="  "):
+    best = best_trial(study)
+    metric = study.sweep.metric or ""
+    counts = {
+        state: sum(row["state"] == state for row in rows) for state in ("finished", "pruned", "failed", "interrupted")
+    }
+    said = ", ".join(f"{count} {state}" for state, count in counts.items() if count or state == "finished")
+    starts = [t.datetime_start.timestamp() for t in study.trials() if t.datetime_start is not None]
+    wall = time.time() - min([started, *starts])  # a resumed sweep's too: since its first trial began
+    busy = sum(row["seconds"] or 0.0 for row in rows)
+    speed = f"; {busy / wall:.2f}x the speed of one trial after another" if wall > 0 and busy > 0 else ""
+    print(f"runjob: sweep: {said} of {study.budget} trial(s) in {_clock(wall)}{speed}")
+    keys = list(study.sweep.parameters)
+    table = []
+    for row in rows:
+        values = [part.partition("=")[2] for part in row["overrides"]]
+        cells = [f"{float(v):.4g}" if _is_float(v) else v for v in values]
+        value = "" if row["value"] is None else f"{row['value']:.4f}"
+        mark = "* " if best is not None and row["trial"] == best.number else "  "
+        table.append([mark + str(row["trial"]), row["state"], value, *cells, row["run_id"] or ""])
+    for line in render(["  trial", "state", metric, *keys, "run"], table, indent="  "):
         print(line)
     if best is not None:
-        flags = " ".join(f"--set {shlex.quote(text)}" for text in best.overrides)
-        print(f"runjob: best: trial {best.index}, {metric} {best.value:.4f} (run {best.run_id}): {flags}")
+        flags = " ".join(f"--set {shlex.quote(text)}" for text in overrides_of(study, best))
+        run = best.user_attrs.get("runjob.run_id", "")
+        print(f"runjob: best: trial {best.number}, {metric} {best.value:.4f} (run {run}): {flags}")
+    if counts["interrupted"]:
+        print(
+            f"runjob: {counts['interrupted']} trial(s) interrupted: `runjob sweep {_job_said(study)} --resume "
+            f"{study.folder}` resumes them"
+        )
     sys.stdout.flush()
+
+
+def _is_float(text: str) -> bool:
+    return "." in text and text.replace(".", "", 1).replace("e-", "", 1).replace("e+", "", 1).lstrip("-").isdigit()
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"

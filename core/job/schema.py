@@ -268,11 +268,57 @@ class SweepRange(Options):
         return isinstance(self.low, int) and isinstance(self.high, int)
 
 
+PRUNER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "median": ("n_startup_trials", "n_warmup_steps", "interval_steps", "n_min_trials"),
+    "successive_halving": ("min_resource", "reduction_factor", "min_early_stopping_rate", "bootstrap_count"),
+    "hyperband": ("min_resource", "max_resource", "reduction_factor", "bootstrap_count"),
+}
+"""Each pruner's options, as Optuna's pruner of that name takes them (its steps are evaluations)."""
+
+
+class SweepPruner(Options):
+    """``[sweep] pruner``: a name, or a table with the name and Optuna's options for that pruner.
+    Each evaluation of a trial reports the sweep metric to it (step 1, 2, ...: the evaluations)."""
+
+    name: Literal["none", "median", "successive_halving", "hyperband"] = "none"
+    n_startup_trials: int | None = Field(None, ge=0)
+    n_warmup_steps: int | None = Field(None, ge=0)
+    interval_steps: int | None = Field(None, ge=1)
+    n_min_trials: int | None = Field(None, ge=1)
+    min_resource: int | Literal["auto"] | None = None
+    max_resource: int | Literal["auto"] | None = None
+    reduction_factor: int | None = Field(None, ge=2)
+    min_early_stopping_rate: int | None = Field(None, ge=0)
+    bootstrap_count: int | None = Field(None, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data: object) -> object:
+        return {"name": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _its_options(self) -> SweepPruner:
+        allowed = PRUNER_OPTIONS[self.name]
+        foreign = sorted(set(self.model_fields_set) - {"name", *allowed})
+        if foreign:
+            said = ", ".join(allowed) if allowed else "none"
+            raise ValueError(f"{', '.join(foreign)}: not an option of the {self.name!r} pruner (its options: {said})")
+        return self
+
+    def options(self) -> dict[str, Any]:
+        """The options the job set, as keyword arguments of Optuna's pruner."""
+        return {key: getattr(self, key) for key in PRUNER_OPTIONS[self.name] if key in self.model_fields_set}
+
+
+SAMPLERS = ("grid", "random", "tpe", "cmaes", "gp")
+
+
 class SweepTable(Options):
     """``[sweep]``: the trials ``runjob sweep`` runs. ``parameters`` maps dotted job keys to a list
     of values to try or a :class:`SweepRange`; :mod:`runjob.job.validation` checks them."""
 
-    method: Literal["grid", "random", "tpe"] = "grid"
+    method: Literal["grid", "random", "tpe", "cmaes", "gp"] = "grid"
     trials: int | None = Field(None, ge=1)
     """The trial budget; a grid runs every combination, so it may be left out there."""
     metric: str | None = Field(None, min_length=1)
@@ -282,6 +328,14 @@ class SweepTable(Options):
     """By default the direction the task declares for the metric."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     parameters: dict[str, list[Any] | SweepRange]
+    storage: str | None = Field(None, min_length=1)
+    """Where the Optuna study lives: a storage URL (``postgresql://...``, ``sqlite:///...``) or a
+    journal file's path; by default ``study.journal`` in the sweep's folder."""
+    study: str | None = Field(None, min_length=1, max_length=200)
+    """The study's name; by default the sweep folder's name."""
+    pruner: SweepPruner = Field(default_factory=SweepPruner)
+    gpus_per_trial: int | None = Field(None, ge=0)
+    """GPUs each trial gets; by default 1 where GPUs are visible, else 0."""
 
     @model_validator(mode="after")
     def _complete(self) -> SweepTable:

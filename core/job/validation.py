@@ -517,7 +517,10 @@ def _sweep_parameters(
         if isinstance(spec, list) and spec:
             parameters[key] = spec
         elif isinstance(spec, dict) and spec and method == "grid":
-            message = f'a range needs method = "random" or "tpe"; a grid takes a list of values to try (got {spec!r})'
+            message = (
+                f'a range needs method = "random", "tpe", "cmaes" or "gp"; a grid takes a list of values to try '
+                f"(got {spec!r})"
+            )
             problems.append(Problem(origin.file, dotted, message, origin.line))
         elif isinstance(spec, dict) and spec:
             found: list[Problem] = []

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError, describe
-from runjob.record.local import METRICS_FILE, MetricsWriter, RunRecord, now_ms
+from runjob.record.local import METRICS_FILE, RUN_RECORD, MetricsWriter, RunRecord, now_ms
 from runjob.record.messages import Point
 
 
@@ -50,6 +50,28 @@ class CommandRun:
         run = cls(folder, record)
         run._send("the run's creation", lambda: run._create(uri, setting))
         return run
+
+    @classmethod
+    def reopen(cls, folder: Path, setting: str = "tracking.uri") -> CommandRun:
+        """The run recorded in ``folder``, RUNNING again (a resumed sweep's parent): locally, then
+        in MLflow, where it is created now if MLflow never took it."""
+        record = RunRecord.read(folder)
+        if record is None:
+            raise RunjobError(f"{folder}: holds no run record ({RUN_RECORD})")
+        record.status, record.end_time = "RUNNING", None
+        record.write(folder)
+        run = cls(folder, record)
+        if record.run_id is None:
+            run._send("the run's creation", lambda: run._create(record.tracking_uri or "", setting))
+        else:
+            run._send("the run's reopening", lambda: run._attach(record.tracking_uri or "", record.run_id or ""))
+        return run
+
+    def _attach(self, uri: str, run_id: str) -> None:
+        from runjob.record.mlflow_writer import RunWriter, connect
+
+        self.writer = RunWriter(connect(uri), run_id)
+        self.writer.reopen()
 
     def _create(self, uri: str, setting: str) -> None:
         from runjob.record.mlflow_writer import RunWriter, connect

@@ -68,6 +68,7 @@ from runjob.train.entry import SWEEP_TRIAL_TAG, RunOutcome
 from runjob.train.loop import Schedule, StopRequest, TrainingLoop, plan_schedule
 from runjob.train.request import Recording, Resume, RunRequest
 from runjob.train.stopping import StopSignals, say, signal_name
+from runjob.train.sweep_trial import PRUNING_CALLBACK, sweep_pruning
 
 
 def _tags(
@@ -363,6 +364,9 @@ def _assemble(
     the checkpoint left off (callbacks' state loaded); then RUN_START."""
     job = request.job
     callbacks = _make_callbacks(job)
+    pruning = sweep_pruning(job, dict(request.tags))
+    if pruning is not None:  # a sweep trial with a pruner: after the job's own callbacks
+        callbacks[PRUNING_CALLBACK] = pruning
     parts = RunParts(
         job,
         prepared.accelerator,
@@ -380,6 +384,7 @@ def _assemble(
     clock = Clock()
     run = Run(parts, clock=clock, record=recorder, stop=stop)
     plugins = {name: chosen.component.plugin for name, chosen in job.enabled_callbacks().items()}
+    plugins.setdefault(PRUNING_CALLBACK, "runjob")
     events = dispatcher(run, host.hook, plugins)
     start = load_checkpoint(run, prepared.checkpoint) if prepared.checkpoint is not None else Position()
     if prepared.checkpoint is not None:

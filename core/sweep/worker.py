@@ -1,0 +1,281 @@
+"""A sweep worker: takes trials from the study until none is left, and runs each as ``runjob run``
+in a process of its own (so ``[launch]`` works for trials too), in the trial's folder.
+
+A trial's run gets the worker's devices or thread counts, its values as ``--set`` flags, tags that
+make it a child of the parent run, and ``--resume auto`` when it continues an interrupted trial.
+It dies with its worker (Linux: the parent-death signal is SIGTERM, so it checkpoints first) and
+holds the trial's lock while it lives. SIGINT and SIGTERM are passed on to it; the trial then stays
+RUNNING in the study, interrupted, for the next worker or ``runjob sweep --resume`` to continue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runjob.errors import RunjobError
+from runjob.record.local import RunRecord, last_values
+from runjob.sweep.study import (
+    INTERRUPTED,
+    LOCK_FILE,
+    MESSAGE,
+    RUN_ID,
+    STOPPED,
+    WORKER,
+    Claim,
+    FileLock,
+    SweepStudy,
+    this_worker,
+)
+from runjob.train.entry import run_arguments
+from runjob.train.request import Resume
+from runjob.train.sweep_trial import PRUNED_TAG, STORAGE_ENVIRONMENT, STUDY_TAG, TRIAL_TAG
+
+USER_MISTAKE_EXIT = 2  # a trial that exits with this stops the sweep: every other trial would repeat it
+CONSOLE_FILE = "console.log"  # a trial's output, when several workers share a terminal
+KEYS_TAG = "runjob.sweep.keys"
+PARENT_TAG = "runjob.sweep.parent"
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as one line of TOML, as ``--set`` reads it back (``0.01``, ``"ddp"``, ``[0.9, 0.99]``)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return str(value.isoformat())  # TOML dates and times
+
+
+def override(key: str, value: Any) -> str:
+    """The ``--set`` text that gives job key ``key`` the value ``value``."""
+    return f"{key}={toml_value(value)}"
+
+
+def shown(values: dict[str, Any]) -> str:
+    return " ".join(
+        f"{key}={value:.4g}" if isinstance(value, float) else override(key, value) for key, value in values.items()
+    )
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGTERM when the process that started it dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def start_child(command: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = (), output: Any = None) -> Any:
+    """``command`` in a session of its own (a terminal's Ctrl-C reaches it once, through its
+    parent), dying with its parent."""
+    return subprocess.Popen(
+        command,
+        start_new_session=True,
+        env=env,
+        pass_fds=pass_fds,
+        preexec_fn=_die_with_parent if sys.platform == "linux" else None,  # noqa: PLW1509 - no threads yet here
+        stdout=output,
+        stderr=subprocess.STDOUT if output is not None else None,
+    )
+
+
+class Signals:
+    """While active, SIGINT and SIGTERM are remembered and passed on to the children started,
+    which stop after a checkpoint."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.children: list[Any] = []
+
+    def _receive(self, signum: int, frame: Any) -> None:
+        self.signum = self.signum or signum
+        for child in self.children:
+            if child.poll() is None:
+                child.send_signal(signum)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Signals]:
+        previous = {s: signal.signal(s, self._receive) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def watch(self, child: Any) -> None:
+        self.children.append(child)
+        if self.signum:  # the signal came while the child was starting
+            child.send_signal(self.signum)
+
+
+@dataclass
+class Outcome:
+    """What came of one trial, as the worker saw it."""
+
+    number: int
+    values: dict[str, Any]
+    state: str  # complete, pruned, fail or interrupted
+    value: float | None = None
+    run_id: str | None = None
+    message: str = ""
+    code: int = 0
+
+
+@dataclass
+class Worker:
+    """One worker of the sweep in ``study.folder``: the job, the tags every trial gets, the
+    environment its trials add (devices, threads), whether their output goes to files."""
+
+    study: SweepStudy
+    job_file: Path
+    overrides: list[str]
+    parent_run_id: str
+    environment: dict[str, str] = field(default_factory=dict)
+    quiet: bool = False
+    after_trial: Callable[[Outcome], None] | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def run(self, signals: Signals) -> list[Outcome]:
+        """Take and run trials until none is left or a signal came; a trial's user mistake (exit 2)
+        stops every worker (RunjobError here)."""
+        study = self.study
+        with FileLock(study.folder / LOCK_FILE):
+            study.join()
+        while not signals.signum:
+            with FileLock(study.folder / LOCK_FILE):
+                claim = study.claim()
+            if claim is None:
+                break
+            try:
+                outcome = self._run(claim, signals)
+            finally:
+                claim.lock.release()
+            self.outcomes.append(outcome)
+            if self.after_trial is not None:
+                self.after_trial(outcome)
+            if outcome.state == "fail" and outcome.code == USER_MISTAKE_EXIT:
+                reason = f"trial {outcome.number} ({shown(outcome.values)}) stopped with a mistake in the job"
+                study.study.set_user_attr(STOPPED, reason)
+                raise RunjobError(f"sweep {reason} or its setup (above) that every trial would repeat; the sweep stops")
+        return self.outcomes
+
+    def _command(self, claim: Claim) -> list[str]:
+        study = self.study
+        tags = {
+            "mlflow.parentRunId": self.parent_run_id,
+            PARENT_TAG: self.parent_run_id,
+            TRIAL_TAG: str(claim.number),
+            STUDY_TAG: study.study.study_name,
+            KEYS_TAG: json.dumps(list(study.sweep.parameters)),
+        }
+        sets = [override(key, value) for key, value in claim.values.items()]
+        resume = Resume("auto") if claim.resumed else None
+        arguments = run_arguments(self.job_file, [*self.overrides, *sets], claim.output_dir, resume, tags)
+        return [sys.executable, "-m", "runjob", *arguments]
+
+    def _run(self, claim: Claim, signals: Signals) -> Outcome:
+        study = self.study
+        label = f"runjob: sweep trial {claim.number}: {shown(claim.values)}"
+        where = claim.output_dir / CONSOLE_FILE if self.quiet else None
+        doing = "resuming" if claim.resumed else "starting"
+        print(f"{label}: {doing} in {claim.output_dir}" + (f" (output in {where.name})" if where else ""), flush=True)
+        env = {**os.environ, **self.environment, STORAGE_ENVIRONMENT: study.storage}
+        assert claim.lock.fd is not None
+        with open(where, "ab") if where else contextlib.nullcontext() as output:
+            child = start_child(self._command(claim), env, (claim.lock.fd,), output)
+            signals.watch(child)
+            try:
+                code = child.wait()
+            finally:
+                signals.children.remove(child)
+                if child.poll() is None:  # this worker failed: leave no trial behind
+                    child.kill()
+                    child.wait()
+        outcome = read_outcome(claim, code, signals.signum, study.sweep.metric or "")
+        self._record(outcome)
+        said = f"{study.sweep.metric} {outcome.value:.4f}" if outcome.value is not None else ""
+        print(
+            f"{label} -> {outcome.state}"
+            + f" {said}".rstrip()
+            + (f" ({outcome.message})" if outcome.message else "")
+            + (f" (run {outcome.run_id})" if outcome.run_id else ""),
+            flush=True,
+        )
+        return outcome
+
+    def _record(self, outcome: Outcome) -> None:
+        study = self.study
+        attrs: dict[str, Any] = {MESSAGE: outcome.message}
+        if outcome.run_id:
+            attrs[RUN_ID] = outcome.run_id
+        if outcome.state == "interrupted":
+            attrs[INTERRUPTED] = True  # stays RUNNING: the next worker resumes it
+        study.mark(outcome.number, attrs)
+        if outcome.state != "interrupted":
+            study.tell(outcome.number, outcome.value, outcome.state)
+
+
+def read_outcome(claim: Claim, code: int, signum: int | None, metric: str) -> Outcome:
+    """The trial's end from its exit code and its folder: its run id, the last value of ``metric``,
+    whether the pruner stopped it. A trial stopped by this worker's signal is interrupted; one
+    that finished without the metric (or with a non-finite one) failed, saying what it logged."""
+    record = RunRecord.read(claim.output_dir)
+    run_id = record.run_id if record else None
+    outcome = Outcome(claim.number, claim.values, "fail", run_id=run_id, code=code)
+    if signum:
+        outcome.state, outcome.message = "interrupted", f"stopped by signal {signum}"
+        return outcome
+    if code != 0:
+        outcome.message = f"exit code {code}" if code > 0 else f"killed by signal {-code}"
+        return outcome
+    logged = last_values(claim.output_dir)
+    value = logged.get(metric)
+    if value is None:
+        outcome.message = f"logged no {metric!r}; it logged: {', '.join(sorted(logged)) or 'nothing'}"
+    elif not math.isfinite(value):
+        outcome.message = f"{metric} is {value}"
+    else:
+        pruned = record is not None and record.tags.get(PRUNED_TAG) == "true"
+        outcome.state, outcome.value = ("pruned" if pruned else "complete"), float(value)
+        if pruned:
+            outcome.message = record.tags.get("runjob.stopped", "pruned") if record else "pruned"
+    return outcome
+
+
+def wait_for_previous(study: SweepStudy, timeout: float = 300.0) -> None:
+    """Before resuming: let the processes of a stopped sweep on this machine finish checkpointing
+    (their trials' locks free again), so their trials can be taken over. Trials running on other
+    machines are left to their workers."""
+    here = this_worker().split()[0]
+    deadline = time.monotonic() + timeout
+    said = False
+    while time.monotonic() < deadline:
+        running = set(study.running_elsewhere())
+        busy = [
+            t.number
+            for t in study.trials()
+            if t.number in running and str(t.user_attrs.get(WORKER, "")).split()[:1] == [here]
+        ]
+        if not busy:
+            return
+        if not said:
+            print(
+                f"runjob: waiting for trial(s) {', '.join(map(str, busy))} of the stopped sweep to stop ...", flush=True
+            )
+            said = True
+        time.sleep(1.0)
