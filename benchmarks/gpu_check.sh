@@ -2,7 +2,8 @@
 # GPU check: the headline model on synthetic CIFAR-sized data for a fixed number of steps under
 # ddp, fsdp and deepspeed, printing what really ran (from the MLflow tags), images/s and peak GPU
 # memory for each. Then a ~350M-parameter byte-level GPT (benchmarks/gpu_check_gpt.toml) under the
-# same three strategies, with tokens/s, MFU and peak memory. Then, on one GPU,
+# same three strategies, with tokens/s, MFU and peak memory. Then a 2-worker sweep on two GPUs
+# (SWEEP=0 leaves it out). Then, on one GPU,
 # benchmarks/fastpath.py --part options: ResNet-18 with the CIFAR stem, batch 512, on CIFAR-format
 # files the script writes, runjob's base job (fp32) against
 # the same job with one option changed (channels_last, compile, foreach, fused, bf16,
@@ -106,6 +107,35 @@ print(f"{strategy:<10} {code:<6} {tags.get('runjob.distributed_type', '-'):<12} 
       f"{f'{max(peaks):.2f}' if peaks else '-':<14} {note}")
 PY
   done
+fi
+
+# A sweep on two GPUs: jobs/digits_sweep.toml, 4 trials, --workers 2 with one GPU each. Prints each
+# trial's GPUs (the runjob.sweep.devices tag), start and length, and how many ran at once (2 expected).
+if [ "${SWEEP:-1}" != 0 ] && [ "$NPROC" -ge 2 ]; then
+  echo
+  echo "sweep: $RUNJOB sweep jobs/digits_sweep.toml --workers 2 --set sweep.trials=4 --set sweep.gpus_per_trial=1"
+  $RUNJOB sweep jobs/digits_sweep.toml --workers 2 --output-dir "$OUT/sweep" --set sweep.trials=4 \
+    --set sweep.gpus_per_trial=1 >"$OUT/sweep.log" 2>&1
+  echo "sweep exit $?; its output in $OUT/sweep.log"
+  "$PYTHON" - "$OUT/sweep" <<'PY'
+import datetime, json, sys
+from pathlib import Path
+folder = Path(sys.argv[1])
+trials = json.loads((folder / "trials.json").read_text()) if (folder / "trials.json").exists() else []
+spans = []
+for t in trials:
+    tags = {}
+    record = Path(t["output_dir"] or "") / "mlflow_run.json"
+    if record.exists():
+        tags = json.loads(record.read_text()).get("tags", {})
+    print(f"trial {t['trial']}: {t['state']:<9} value {t['value']}  GPUs {tags.get('runjob.sweep.devices', '-')} "
+          f"({tags.get('runjob.gpu', '-')})  started {t['started']}  {t['seconds']} s")
+    if t["started"] and t["seconds"]:
+        start = datetime.datetime.fromisoformat(t["started"]).timestamp()
+        spans.append((start, start + t["seconds"]))
+at_once = max((sum(s <= a < e for s, e in spans) for a, _ in spans), default=0)
+print(f"sweep: {len(trials)} trial(s), at most {at_once} at once")
+PY
 fi
 
 # The fast path on one GPU: each option against the base job (the default: 100 timed steps after 10

@@ -815,9 +815,10 @@ def test_sweep_sbatch_command_is_the_one_the_readme_shows(sweep_slurm):
     assert dry.returncode == 0, dry.stderr
     shown = " ".join(shlex.split(dry.stdout))
     shown = shown.replace(str(sweep_slurm.work), "$PWD").replace("/5000", "/$SLURM_ARRAY_JOB_ID")
+    shown = shown.replace(" sweep.toml ", " jobs/digits_sweep.toml ")  # the README names the repository's job
     readme = (CONTAINERS / "README.md").read_text()
     assert shown in readme.splitlines(), shown
-    assert "sbatch containers/slurm/sweep.sbatch sweep.toml" in readme
+    assert "sbatch containers/slurm/sweep.sbatch jobs/digits_sweep.toml" in readme
 
 
 def test_sweep_sbatch_refuses_in_one_line_outside_slurm_or_without_the_job_file(sweep_slurm):
@@ -959,7 +960,6 @@ def test_sweep_job_runs_a_job_of_this_repository_that_has_a_sweep_table(sweep_ma
     import tomli_w
 
     from runjob.host.plugin_host import load_plugins
-    from runjob.job.schema import SweepTable
     from runjob.job.validation import load_resolved
 
     job = sweep_manifest["Job"]
@@ -967,9 +967,7 @@ def test_sweep_job_runs_a_job_of_this_repository_that_has_a_sweep_table(sweep_ma
     assert PurePosixPath(args[1]).parts[0] == "jobs" and (REPO / args[1]).is_file(), "the image has jobs/"
     values = {"OPTUNA_STORAGE": SAMPLE_STORAGE}
     overrides = [expand(o, values) for o in sweep_overrides(args)]
-    # sweep.storage and sweep.study (issue 24) are checked with the rest once the schema has them
-    not_yet = {"storage", "study"} - set(SweepTable.model_fields)
-    checked = [o for o in overrides if o.partition("=")[0].removeprefix("sweep.") not in not_yet]
+    checked = overrides
     host = load_plugins()
     resolved = load_resolved(REPO / args[1], checked, host)
     assert resolved.sweep is not None, "the job needs a [sweep] table, in its file or made by the --set flags"

@@ -13,10 +13,12 @@ import pytest
 from helpers import RESNET18_DIGITS, SMALL_DIGITS
 
 from runjob.commands.cli import main
+from runjob.errors import RunjobError
 from runjob.host.plugin_host import load_plugins
 from runjob.job.jobfile import parse_override_value
 from runjob.job.schema import SweepRange, SweepTable
 from runjob.job.validation import load_resolved
+from runjob.sweep.devices import plan_workers, visible_gpus
 from runjob.sweep.study import Claim, FileLock, SweepStudy, grid_points
 from runjob.sweep.worker import read_outcome, toml_value
 from runjob.testing import write_job
@@ -317,109 +319,82 @@ def test_random_without_optuna_stops_before_anything_is_recorded(tmp_path, monke
     assert not (tmp_path / "runs").exists() and not (tmp_path / "mlruns").exists()
 
 
-@pytest.mark.e2e
-@pytest.mark.timeout(900)
-def test_grid_sweep_records_children_under_a_parent_that_names_the_best(tester):
-    """The sweep runs here; each trial is a process of its own, as a user's sweep runs them."""
-    tester.write_job(
-        "job.toml",
-        SMALL_DIGITS.format(name="sw")
-        + """
-    [sweep]
-    [sweep.parameters]
-    "optimizer.lr" = [0.001, 0.1]
-    """,
-    )
-    result = tester.cli(
-        "sweep",
-        "job.toml",
-        "--set",
-        "train.max_steps=2",
-        "--set",
-        "tracking.log_model=none",
-        "--set",
-        "tracking.system_metrics_interval=0",
-        "--output-dir",
-        "sweep",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "[sweep] table is used" not in result.stderr  # trials don't repeat the note
-
-    runs = tester.runs("sw")
-    [parent] = [r for r in runs if r.tags.get("runjob.sweep") == "true"]
-    children = sorted((r for r in runs if r is not parent), key=lambda r: r.tags["runjob.sweep.trial"])
-    assert len(children) == 2 and parent.run_name == "sw-sweep" and parent.status == "FINISHED"
-    for index, (child, lr) in enumerate(zip(children, ["0.001", "0.1"], strict=True)):
-        assert child.tags["mlflow.parentRunId"] == parent.run_id
-        assert child.tags["runjob.sweep.trial"] == str(index)
-        assert child.params["optimizer.lr"] == lr and child.params["train.max_steps"] == "2"
-        assert child.run_name == f"lr={lr} · sw", "the trial's own value, not the sweep's --set"
-        assert next(iter(child.metrics)) == "val/accuracy", "MLflow's first metric: the compare view opens on it"
-        assert not any(key.startswith("sweep") for key in child.params)
-        assert "sweep" not in tomllib.loads((tester.path / f"sweep/trial-00{index}/job.toml").read_text())
-
-    accuracy = [c.metrics["val/accuracy"] for c in children]
-    best = max(range(2), key=lambda i: (accuracy[i], -i))
-    tags = parent.tags
-    assert tags["runjob.sweep.best_trial"] == str(best)
-    assert tags["runjob.sweep.best_run_id"] == children[best].run_id
-    assert tags["runjob.sweep.best_params"] == f"optimizer.lr={['0.001', '0.1'][best]}"
-    assert parent.metrics["best/val/accuracy"] == accuracy[best]
-    assert parent.history("sweep/val/accuracy") == [(0, accuracy[0]), (1, accuracy[1])]
-    assert parent.params["sweep.parameters.optimizer.lr"] == "[0.001, 0.1]"
-    assert parent.params["sweep.method"] == "grid" and parent.params["sweep.trials"] == "2"
-    assert parent.artifacts() >= {"job.toml", "trials.json", "optimization_history.png"}
-    assert json.loads(children[0].tags["runjob.sweep.keys"]) == ["optimizer.lr"]
-
-    trials = json.loads((tester.path / "sweep/trials.json").read_text())
-    assert [(t["state"], t["run_id"]) for t in trials] == [("finished", c.run_id) for c in children]
-    # the study loads in Optuna's API (and so in optuna-dashboard) from the storage the parent records
-    optuna = pytest.importorskip("optuna")
-    from optuna.storages.journal import JournalFileBackend
-
-    storage = optuna.storages.JournalStorage(JournalFileBackend(parent.params["sweep.storage"]))
-    study = optuna.load_study(study_name=parent.params["sweep.study"], storage=storage)
-    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
-    assert [t.value for t in study.trials] == accuracy
-    assert f"runjob: best: trial {best}, val/accuracy {accuracy[best]:.4f}" in result.stdout
-    assert f"--set optimizer.lr={['0.001', '0.1'][best]}" in result.stdout
-    assert "runjob: sweep: 2 finished of 2 trial(s) in " in result.stdout
-
-
 SWEEP_OPTIONS = ("--set", "tracking.log_model=none", "--set", "tracking.system_metrics_interval=0")
 CHECKPOINTED = ("--set", "train.epochs=4", "--set", "train.checkpoint_every=5")
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
-def test_a_median_pruner_stops_hopeless_learning_rates_after_their_first_evaluation(tester):
+def test_a_grid_sweep_records_children_under_a_parent_and_its_pruner_stops_hopeless_rates(tester):
+    """The sweep runs here; each trial is a process of its own, as a user's sweep runs them. The
+    median pruner stops the two learning rates that learn nothing after their first evaluation."""
     tester.write_job(
         "job.toml",
-        SMALL_DIGITS.format(name="pr")
+        SMALL_DIGITS.format(name="sw")
         + """
     [sweep]
     pruner = { name = "median", n_startup_trials = 2 }
     [sweep.parameters]
-    "optimizer.lr" = [0.01, 0.005, 1e-9, 2e-9]
+    "optimizer.lr" = [0.01, 0.005, 1e-9]
     """,
     )
     result = tester.cli("sweep", "job.toml", *SWEEP_OPTIONS, "--set", "train.epochs=3", "--output-dir", "sweep")
     assert result.returncode == 0, result.stderr[-3000:]
-    runs = tester.runs("pr")
-    children = sorted(
-        (r for r in runs if "runjob.sweep.trial" in r.tags), key=lambda r: int(r.tags["runjob.sweep.trial"])
-    )
-    assert [c.params["optimizer.lr"] for c in children] == ["0.01", "0.005", "1e-09", "2e-09"]
-    assert [c.status for c in children] == ["FINISHED"] * 4, "a pruned trial is a clean early stop"
-    assert [c.tags.get("runjob.sweep.pruned") for c in children] == [None, None, "true", "true"]
-    for pruned in children[2:]:
+    assert "[sweep] table is used" not in result.stderr  # trials don't repeat the note
+
+    runs = tester.runs("sw")
+    [parent] = [r for r in runs if r.tags.get("runjob.sweep") == "true"]
+    children = sorted((r for r in runs if r is not parent), key=lambda r: int(r.tags["runjob.sweep.trial"]))
+    rates = ["0.01", "0.005", "1e-09"]
+    assert len(children) == 3 and parent.run_name == "sw-sweep" and parent.status == "FINISHED"
+    for index, (child, lr) in enumerate(zip(children, rates, strict=True)):
+        assert child.tags["mlflow.parentRunId"] == parent.run_id
+        assert child.tags["runjob.sweep.trial"] == str(index)
+        assert json.loads(child.tags["runjob.sweep.keys"]) == ["optimizer.lr"]
+        assert child.params["optimizer.lr"] == lr and child.params["train.epochs"] == "3"
+        assert child.run_name == f"lr={lr} · sw", "the trial's own value, not the sweep's --set"
+        assert next(iter(child.metrics)) == "val/accuracy", "MLflow's first metric: the compare view opens on it"
+        assert not any(key.startswith("sweep") for key in child.params)
+        assert "sweep" not in tomllib.loads((tester.path / f"sweep/trial-00{index}/job.toml").read_text())
+
+    # pruned: a clean early stop, FINISHED, tagged, its model kept; PRUNED in the study and the summary
+    assert [c.status for c in children] == ["FINISHED"] * 3
+    assert [c.tags.get("runjob.sweep.pruned") for c in children] == [None, None, "true"]
+    for index, pruned in enumerate(children[2:], 2):
         assert pruned.tags["runjob.stopped"].startswith("pruned by the sweep's median pruner at evaluation 1 ")
         assert len(pruned.history("val/accuracy")) <= 2, "stopped after its first evaluation (and its final one)"
-        assert (tester.path / "sweep" / f"trial-00{pruned.tags['runjob.sweep.trial']}" / "model.safetensors").exists()
+        assert (tester.path / f"sweep/trial-00{index}/model.safetensors").exists()
     assert len(children[0].history("val/accuracy")) >= 3
+    assert "runjob: sweep: 2 finished, 1 pruned of 3 trial(s) in " in result.stdout
+
+    accuracy = [c.metrics["val/accuracy"] for c in children]
+    best = max(range(2), key=lambda i: (accuracy[i], -i))
+    tags = parent.tags
+    assert tags["runjob.sweep.best_trial"] == str(best)
+    assert tags["runjob.sweep.best_run_id"] == children[best].run_id
+    assert tags["runjob.sweep.best_params"] == f"optimizer.lr={rates[best]}"
+    assert parent.metrics["best/val/accuracy"] == accuracy[best]
+    assert [step for step, _ in parent.history("sweep/val/accuracy")] == [0, 1, 2]
+    assert parent.history("sweep/val/accuracy")[:2] == [(0, accuracy[0]), (1, accuracy[1])]
+    assert parent.params["sweep.parameters.optimizer.lr"] == "[0.01, 0.005, 1e-09]"
+    assert parent.params["sweep.method"] == "grid" and parent.params["sweep.trials"] == "3"
+    assert parent.params["sweep.pruner"] == "median"
+    assert parent.artifacts() >= {"job.toml", "trials.json", "optimization_history.png"}
+
     trials = json.loads((tester.path / "sweep/trials.json").read_text())
-    assert [t["state"] for t in trials] == ["finished", "finished", "pruned", "pruned"]
-    assert "runjob: sweep: 2 finished, 2 pruned of 4 trial(s)" in result.stdout
+    assert [(t["state"], t["run_id"]) for t in trials] == [
+        (state, c.run_id) for state, c in zip(["finished", "finished", "pruned"], children, strict=True)
+    ]
+    assert f"runjob: best: trial {best}, val/accuracy {accuracy[best]:.4f}" in result.stdout
+    assert f"--set optimizer.lr={rates[best]}" in result.stdout
+    # the study loads in Optuna's API (and so in optuna-dashboard) from the storage the parent records
+    optuna = pytest.importorskip("optuna")
+    from optuna.storages.journal import JournalFileBackend
+
+    storage = optuna.storages.JournalStorage(JournalFileBackend(parent.params["sweep.storage"]))
+    study = optuna.load_study(study_name=parent.params["sweep.study"], storage=storage)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE", "PRUNED"]
+    assert [t.value for t in study.trials[:2]] == accuracy[:2]
 
 
 @pytest.mark.e2e
@@ -433,7 +408,7 @@ def test_a_sweep_killed_mid_trial_resumes_with_one_parent_its_finished_trials_ke
         + """
     [sweep]
     [sweep.parameters]
-    "optimizer.lr" = [0.01, 0.005, 0.002]
+    "optimizer.lr" = [0.01, 0.005]
     """,
     )
     sweep = tester.popen(
@@ -455,14 +430,14 @@ def test_a_sweep_killed_mid_trial_resumes_with_one_parent_its_finished_trials_ke
     parents = [r for r in runs if r.tags.get("runjob.sweep") == "true"]
     children = sorted((r for r in runs if r not in parents), key=lambda r: int(r.tags["runjob.sweep.trial"]))
     assert len(parents) == 1 and parents[0].status == "FINISHED"
-    assert [c.tags["runjob.sweep.trial"] for c in children] == ["0", "1", "2"], "no trial run twice"
-    assert children[0].run_id == first_run and [c.status for c in children] == ["FINISHED"] * 3
+    assert [c.tags["runjob.sweep.trial"] for c in children] == ["0", "1"], "no trial run twice"
+    assert children[0].run_id == first_run and [c.status for c in children] == ["FINISHED"] * 2
     assert any(key.startswith("runjob.resumed.step_") for key in children[1].tags), (
         "trial 1 went on from its checkpoint"
     )
     assert parents[0].history("sweep/val/accuracy") == [(n, c.metrics["val/accuracy"]) for n, c in enumerate(children)]
     trials = json.loads((tester.path / "sweep/trials.json").read_text())
-    assert [t["state"] for t in trials] == ["finished"] * 3
+    assert [t["state"] for t in trials] == ["finished"] * 2
 
 
 @pytest.mark.e2e
@@ -476,7 +451,7 @@ def test_two_joined_workers_share_one_study_with_no_trial_run_twice(tester):
         + """
     [sweep]
     method = "random"
-    trials = 5
+    trials = 4
     [sweep.parameters]
     "optimizer.lr" = { low = 1e-4, high = 1e-1, log = true }
     """,
@@ -487,11 +462,131 @@ def test_two_joined_workers_share_one_study_with_no_trial_run_twice(tester):
     assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
     took = [[line for line in out.splitlines() if ": starting in " in line] for out, _ in outputs]
     assert all(took), "both workers ran trials"
-    assert sum(map(len, took)) == 5
+    assert sum(map(len, took)) == 4
     runs = tester.runs("jn")
     [parent] = [r for r in runs if r.tags.get("runjob.sweep") == "true"]
     children = [r for r in runs if r is not parent]
-    assert sorted(int(c.tags["runjob.sweep.trial"]) for c in children) == [0, 1, 2, 3, 4]
+    assert sorted(int(c.tags["runjob.sweep.trial"]) for c in children) == [0, 1, 2, 3]
     assert {c.tags["mlflow.parentRunId"] for c in children} == {parent.run_id}
     assert parent.status == "FINISHED", "the last worker out (or the creator) records the end"
     assert sum("created the sweep" in out for out, _ in outputs) == 1
+
+
+@pytest.mark.timeout(30)
+def test_each_worker_gets_its_own_gpus_or_its_share_of_the_cores():
+    four = ["0", "1", "2", "3"]
+    assert plan_workers(None, four, None, 1, 8) == [{"CUDA_VISIBLE_DEVICES": d} for d in four], "one a GPU, all used"
+    assert plan_workers(2, four, 2, 2, 8) == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    assert plan_workers(None, four, None, 2, 8) == [{"CUDA_VISIBLE_DEVICES": "0,1"}, {"CUDA_VISIBLE_DEVICES": "2,3"}]
+    assert plan_workers(1, ["5", "7"], 1, 1, 8) == [{"CUDA_VISIBLE_DEVICES": "5"}], "the visible devices' own names"
+    with pytest.raises(
+        RunjobError,
+        match=r"^--workers 3 with sweep.gpus_per_trial = 2 needs 6 GPU\(s\); this "
+        r"machine shows 4 \(0, 1, 2, 3\)$",
+    ):
+        plan_workers(3, four, 2, 1, 8)
+    with pytest.raises(RunjobError, match="launch.num_processes = 2 processes, one a GPU: give each trial at least 2"):
+        plan_workers(None, four, 1, 2, 8)
+    with pytest.raises(RunjobError, match="gpus_per_trial = 1: this machine shows no GPU"):
+        plan_workers(2, [], 1, 1, 8)
+    # no GPU: the cores divided between the workers (and each trial's processes)
+    assert plan_workers(None, [], None, 1, 8) == [{}]
+    assert plan_workers(2, [], None, 1, 8) == [{"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4"}] * 2
+    assert plan_workers(2, [], None, 2, 2) == [{"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}] * 2
+    cpus = plan_workers(2, four, 0, 1, 8)
+    assert cpus == [{"OMP_NUM_THREADS": "4", "MKL_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": ""}] * 2
+    # which GPUs are visible: CUDA_VISIBLE_DEVICES first (a Slurm allocation), "-1" or "" hides them all
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}) == visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_gpus({"PATH": ""}) == [], "no nvidia-smi on PATH: no GPU"
+
+
+@pytest.mark.timeout(60)
+def test_more_workers_than_gpus_is_one_line_before_anything_is_recorded(tmp_path, monkeypatch, capsys):
+    write_job(tmp_path / "job.toml", BASE + '\n    [sweep]\n    [sweep.parameters]\n    "optimizer.lr" = [0.1, 0.01]\n')
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert main(["sweep", "job.toml", "--workers", "3", "--set", "sweep.gpus_per_trial=1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "runjob: --workers 3 with sweep.gpus_per_trial = 1 needs 3 GPU(s); this machine shows 2 (0, 1)"
+    ]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "mlflow.db").exists()
+
+
+@pytest.mark.timeout(30)
+def test_a_pruner_is_a_name_or_a_table_of_its_own_options(tmp_path, monkeypatch, capsys):
+    code, _, err = validate(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        """
+    [sweep]
+    pruner = { name = "median", min_resource = 2 }
+    [sweep.parameters]
+    "optimizer.lr" = [0.1, 0.01]
+    """,
+    )
+    assert code == 2
+    assert err == [
+        "runjob: job.toml:13: sweep.pruner: min_resource: not an option of the 'median' pruner (its options: "
+        "n_startup_trials, n_warmup_steps, interval_steps, n_min_trials) (got {'name': 'median', 'min_resource': 2})"
+    ]
+    code, _, err = validate(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        '\n    [sweep]\n    pruner = "medain"\n    [sweep.parameters]\n    "optimizer.lr" = [0.1]\n',
+    )
+    assert code == 2 and len(err) == 1 and "sweep.pruner" in err[0] and "'median'" in err[0]
+    job = load_resolved(
+        tmp_path / "job.toml", ['sweep.pruner={ name = "hyperband", reduction_factor = 2 }'], load_plugins()
+    )
+    assert (job.sweep.pruner.name, job.sweep.pruner.options()) == ("hyperband", {"reduction_factor": 2})
+
+
+class _ServerDown:
+    """What a parent's MLflow writer does while the tracking server is down."""
+
+    def __getattr__(self, name):
+        def refuse(*args, **kwargs):
+            raise ConnectionError("Connection refused: the tracking server is down")
+
+        return refuse
+
+
+@pytest.mark.timeout(120)
+def test_a_parent_recorded_while_the_server_is_down_is_restored_by_sync(tmp_path, monkeypatch, capsys):
+    from runjob.sweep.parent import ParentRun, sweep_params
+    from runjob.sweep.study import budget_of
+    from runjob.testing import MlflowRun
+
+    write_job(
+        tmp_path / "job.toml",
+        BASE + '\n    [sweep]\n    [sweep.parameters]\n    "optimizer.lr" = [0.1, 0.01, 0.001]\n',
+    )
+    monkeypatch.chdir(tmp_path)
+    job = load_resolved(tmp_path / "job.toml", [], load_plugins())
+    folder = tmp_path / "sweep"
+    study = SweepStudy.create(job.sweep, folder, "s")
+    params = sweep_params(job.sweep, budget_of(job.sweep), "s", study.storage)
+    parent = ParentRun.start(job, params, {"runjob.sweep": "true"}, folder)
+    parent.recorded.writer = _ServerDown()  # the server goes down after the sweep began
+    study.join()
+    for value in (0.5, 0.9, 0.7):
+        claim = study.claim()
+        claim.lock.release()
+        study.tell(claim.number, value, "complete")
+        parent.progress(study)
+    parent.finish(study, "FINISHED", None)
+    assert "upload it with `runjob sync" in capsys.readouterr().err
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert MlflowRun.get(uri, parent.run_id).status == "RUNNING", "MLflow missed the end"
+
+    assert main(["sync", str(folder)]) == 0
+    run = MlflowRun.get(uri, parent.run_id)
+    assert run.status == "FINISHED"
+    assert run.history("sweep/val/accuracy") == [(0, 0.5), (1, 0.9), (2, 0.7)]
+    assert run.history("best/val/accuracy") == [(1, 0.5), (2, 0.9), (3, 0.9)]
+    assert run.tags["runjob.sweep.best_trial"] == "1" and run.tags["runjob.sweep.best_params"] == "optimizer.lr=0.01"
+    assert "importance/optimizer.lr" in run.metrics
+    assert {"trials.json", "optimization_history.png"} <= run.artifacts()

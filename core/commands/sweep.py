@@ -129,6 +129,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     signal when stopped.
     """
     job, _ = _load(args)
+    from runjob.sweep.devices import cpu_cores, plan_workers, visible_gpus
+
+    assert job.sweep is not None  # checked by _load
+    # what each worker here gets (its GPUs, its threads), checked against this machine before anything starts
+    args.plans = plan_workers(
+        args.workers, visible_gpus(), job.sweep.gpus_per_trial, job.launch.num_processes, cpu_cores()
+    )
     if args.join:
         return _join(job, args)
     if args.resume:
@@ -271,9 +278,9 @@ def _join(job: ResolvedJob, args: argparse.Namespace) -> int:
             study, parent = _create(job, args, folder)
     if owner is not None:
         print(f"runjob: created the sweep in {folder} (MLflow parent run {parent.run_id})", flush=True)
-        return _coordinate(job, args, study, parent, started, in_process=args.workers in (None, 1))
+        return _coordinate(job, args, study, parent, started, in_process=len(args.plans) == 1)
     study, info = _open(job, folder)
-    if args.workers not in (None, 1):
+    if len(args.plans) > 1:
         return _coordinate(job, args, study, None, started, parent_run_id=info.parent_run_id)
     return _work_here(job, args, study, info.parent_run_id, started)
 
@@ -285,7 +292,7 @@ def _work_here(job: ResolvedJob, args: argparse.Namespace, study: Any, parent_ru
     from runjob.sweep.worker import Signals, Worker
 
     quiet = os.environ.get(QUIET_ENVIRONMENT) == "1"
-    worker = Worker(study, job.source.path, list(args.overrides), parent_run_id, quiet=quiet)
+    worker = Worker(study, job.source.path, list(args.overrides), parent_run_id, args.plans[0], quiet=quiet)
     with Signals().active() as signals:
         outcomes = worker.run(signals)
         if signals.signum:
@@ -298,7 +305,10 @@ def _work_here(job: ResolvedJob, args: argparse.Namespace, study: Any, parent_ru
         return 0
     assert job.sweep is not None
     parent = ParentRun.reopen(study.folder, job.sweep.metric or "")
-    return _finish(study, parent, started, signals=None, code=None)
+    print(f"runjob: the sweep's owner is gone: this worker records its end (MLflow parent run {parent.run_id})")
+    with Signals().active() as signals:
+        _wait_elsewhere(study, parent, signals)
+        return _finish(study, parent, started, signals, code=None)
 
 
 def _resume(job: ResolvedJob, args: argparse.Namespace) -> int:
@@ -343,14 +353,13 @@ def _coordinate(
 ) -> int:
     """Run the workers (here, or ``--workers`` processes), log the parent run as trials finish,
     wait for other machines' running trials, then record the end. ``parent`` None: not the owner."""
-    from runjob.sweep.devices import cpu_cores, plan_workers, visible_gpus
     from runjob.sweep.worker import Signals, Worker, start_child
 
     sweep = job.sweep
     assert sweep is not None
     run_id = parent.run_id if parent is not None else parent_run_id
     assert run_id is not None
-    plans = plan_workers(args.workers, visible_gpus(), sweep.gpus_per_trial, job.launch.num_processes, cpu_cores())
+    plans = args.plans
     devices = ", ".join(plan["CUDA_VISIBLE_DEVICES"] or "CPU" for plan in plans if "CUDA_VISIBLE_DEVICES" in plan)
     threads = plans[0].get("OMP_NUM_THREADS")
     how = f"GPUs {devices}" if devices and "CPU" not in devices else f"{threads} thread(s) each" if threads else ""

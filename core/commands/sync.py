@@ -1,4 +1,4 @@
-"""``runjob sync OUTPUT_DIR``: upload a run's local record to MLflow."""
+"""``runjob sync OUTPUT_DIR``: upload a run's local record to MLflow (a sweep's: its trials' too)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from runjob.errors import RunjobError
 from runjob.record.local import RUN_RECORD, RunRecord
 from runjob.record.sync import sync_record
 from runjob.record.uri import check_reachable, resolve_tracking_uri
+from runjob.sweep.study import SWEEP_FILE
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
@@ -25,6 +26,14 @@ def cmd_sync(args: argparse.Namespace) -> int:
         f"{summary['tags']} tags, {summary['metrics']} metric points, {summary['artifacts']} artifacts, "
         f"status {summary['status']}"
     )
+    trials = sorted(output_dir.glob("trial-*/" + RUN_RECORD)) if (output_dir / SWEEP_FILE).exists() else []
+    for trial_record in trials:  # a sweep's folder: its trials' runs too
+        trial = trial_record.parent
+        recorded = RunRecord.read(trial)
+        if recorded is not None:
+            done = sync_record(trial, recorded, uri)
+            said = f"{done['metrics']} metric points, status {done['status']}"
+            print(f"runjob: synced the trial {trial} to MLflow run {done['run_id']}: {said}")
     if summary["status"] == "RUNNING":
         print(
             "runjob: the record says RUNNING: the run is still going, or it was killed before it could record its end "

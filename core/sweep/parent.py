@@ -217,6 +217,7 @@ def trial_rows(study: SweepStudy) -> list[dict[str, Any]]:
                 "overrides": overrides_of(study, trial),
                 "run_id": trial.user_attrs.get(RUN_ID),
                 "output_dir": trial.user_attrs.get(OUTPUT_DIR),
+                "started": started.isoformat(timespec="seconds") if started else None,
                 "seconds": round((ended - started).total_seconds(), 1) if started and ended else None,
                 "message": trial.user_attrs.get(MESSAGE, ""),
             }

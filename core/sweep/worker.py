@@ -46,6 +46,7 @@ USER_MISTAKE_EXIT = 2  # a trial that exits with this stops the sweep: every oth
 CONSOLE_FILE = "console.log"  # a trial's output, when several workers share a terminal
 KEYS_TAG = "runjob.sweep.keys"
 PARENT_TAG = "runjob.sweep.parent"
+DEVICES_TAG = "runjob.sweep.devices"
 
 
 def toml_value(value: Any) -> str:
@@ -183,6 +184,9 @@ class Worker:
             STUDY_TAG: study.study.study_name,
             KEYS_TAG: json.dumps(list(study.sweep.parameters)),
         }
+        devices = self.environment.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if devices:
+            tags[DEVICES_TAG] = devices  # which GPUs this trial had, readable in mlflow ui
         sets = [override(key, value) for key, value in claim.values.items()]
         resume = Resume("auto") if claim.resumed else None
         arguments = run_arguments(self.job_file, [*self.overrides, *sets], claim.output_dir, resume, tags)
