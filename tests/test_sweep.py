@@ -4,10 +4,12 @@ sweep whose trials are child runs of one parent MLflow run."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
 import tomllib
+from pathlib import Path
 
 import pytest
 from helpers import RESNET18_DIGITS, SMALL_DIGITS
@@ -400,25 +402,34 @@ def test_a_grid_sweep_records_children_under_a_parent_and_its_pruner_stops_hopel
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_a_sweep_killed_mid_trial_resumes_with_one_parent_its_finished_trials_kept(tester):
-    """SIGKILL to the sweep: its worker passes SIGTERM on to the trial, which checkpoints; the
-    resumed sweep continues the same study and parent run, the trial from its checkpoint."""
+    """SIGKILL to a worker: its trial gets SIGTERM as its parent dies and checkpoints, and the sweep
+    starts another worker, which resumes it. SIGKILL to the sweep itself: its worker passes SIGTERM on
+    to the trial, which checkpoints; the resumed sweep continues the same study and parent run, the
+    trial from its checkpoint."""
     tester.write_job(
         "job.toml",
         SMALL_DIGITS.format(name="rs")
         + """
     [sweep]
     [sweep.parameters]
-    "optimizer.lr" = [0.01, 0.005]
+    "optimizer.lr" = [0.01, 0.005, 0.002]
     """,
     )
     sweep = tester.popen(
         "sweep", "job.toml", *SWEEP_OPTIONS, *CHECKPOINTED, "--output-dir", "sweep", stdout=None, stderr=None
     )
-    checkpoints = tester.path / "sweep/trial-001/checkpoints"
-    deadline = time.monotonic() + 400
-    while not (checkpoints.is_dir() and any(checkpoints.glob("*/*"))):
-        assert sweep.poll() is None and time.monotonic() < deadline, "trial 1 never wrote a checkpoint"
-        time.sleep(0.2)
+
+    def checkpointed(trial: int) -> None:
+        checkpoints = tester.path / f"sweep/trial-00{trial}/checkpoints"
+        deadline = time.monotonic() + 400
+        while not (checkpoints.is_dir() and any(checkpoints.glob("*/*"))):
+            assert sweep.poll() is None and time.monotonic() < deadline, f"trial {trial} never wrote a checkpoint"
+            time.sleep(0.2)
+
+    checkpointed(1)
+    [worker] = [pid for pid in _processes_with("--join") if _parent_of(pid) == sweep.pid]
+    os.kill(worker, signal.SIGKILL)
+    checkpointed(2)  # trial 1 was resumed by the next worker, which went on to trial 2
     first_run = tester.record("sweep/trial-000").run_id
     sweep.send_signal(signal.SIGKILL)
     sweep.wait(timeout=30)
@@ -430,14 +441,31 @@ def test_a_sweep_killed_mid_trial_resumes_with_one_parent_its_finished_trials_ke
     parents = [r for r in runs if r.tags.get("runjob.sweep") == "true"]
     children = sorted((r for r in runs if r not in parents), key=lambda r: int(r.tags["runjob.sweep.trial"]))
     assert len(parents) == 1 and parents[0].status == "FINISHED"
-    assert [c.tags["runjob.sweep.trial"] for c in children] == ["0", "1"], "no trial run twice"
-    assert children[0].run_id == first_run and [c.status for c in children] == ["FINISHED"] * 2
-    assert any(key.startswith("runjob.resumed.step_") for key in children[1].tags), (
-        "trial 1 went on from its checkpoint"
-    )
+    assert [c.tags["runjob.sweep.trial"] for c in children] == ["0", "1", "2"], "no trial run twice"
+    assert children[0].run_id == first_run and [c.status for c in children] == ["FINISHED"] * 3
+    for resumed in children[1:]:
+        assert any(key.startswith("runjob.resumed.step_") for key in resumed.tags), "went on from its checkpoint"
     assert parents[0].history("sweep/val/accuracy") == [(n, c.metrics["val/accuracy"]) for n, c in enumerate(children)]
     trials = json.loads((tester.path / "sweep/trials.json").read_text())
-    assert [t["state"] for t in trials] == ["finished"] * 2
+    assert [t["state"] for t in trials] == ["finished"] * 3
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+
+
+def _processes_with(word: str) -> list[int]:
+    """The pids of this machine's processes whose command line holds ``word``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                words = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if word.encode() in words:
+                found.append(int(entry.name))
+    return found
 
 
 @pytest.mark.e2e
@@ -457,7 +485,8 @@ def test_two_joined_workers_share_one_study_with_no_trial_run_twice(tester):
     """,
     )
     command = ("sweep", "job.toml", *SWEEP_OPTIONS, "--set", "train.max_steps=3", "--join", "shared")
-    workers = [tester.popen(*command, env={"OMP_NUM_THREADS": "1"}) for _ in range(2)]
+    # the second starts each trial as an interpreter of its own, as on a machine without fork
+    workers = [tester.popen(*command, env={"OMP_NUM_THREADS": "1", "RUNJOB_SWEEP_FORK": fork}) for fork in "10"]
     outputs = [worker.communicate(timeout=600) for worker in workers]
     assert [worker.returncode for worker in workers] == [0, 0], [err[-2000:] for _, err in outputs]
     took = [[line for line in out.splitlines() if ": starting in " in line] for out, _ in outputs]
@@ -557,7 +586,7 @@ class _ServerDown:
 @pytest.mark.timeout(120)
 def test_a_parent_recorded_while_the_server_is_down_is_restored_by_sync(tmp_path, monkeypatch, capsys):
     from runjob.sweep.parent import ParentRun, sweep_params
-    from runjob.sweep.study import budget_of
+    from runjob.sweep.study import SweepInfo, budget_of
     from runjob.testing import MlflowRun
 
     write_job(
@@ -570,6 +599,7 @@ def test_a_parent_recorded_while_the_server_is_down_is_restored_by_sync(tmp_path
     study = SweepStudy.create(job.sweep, folder, "s")
     params = sweep_params(job.sweep, budget_of(job.sweep), "s", study.storage)
     parent = ParentRun.start(job, params, {"runjob.sweep": "true"}, folder)
+    SweepInfo("s", study.storage, parent.run_id, str(tmp_path / "job.toml"), params).write(folder)
     parent.recorded.writer = _ServerDown()  # the server goes down after the sweep began
     study.join()
     for value in (0.5, 0.9, 0.7):
@@ -582,7 +612,17 @@ def test_a_parent_recorded_while_the_server_is_down_is_restored_by_sync(tmp_path
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert MlflowRun.get(uri, parent.run_id).status == "RUNNING", "MLflow missed the end"
 
+    # a trial recorded while the server was down: its own folder, synced with the sweep's
+    from runjob.record.local import RunRecord
+
+    trial = folder / "trial-000"
+    RunRecord(tracking_uri=uri, experiment="sw", run_name="lr=0.1 · sw", start_time=1, offline=True).write(trial)
+    (trial / "metrics.jsonl").write_text(json.dumps({"key": "val/accuracy", "value": 0.5, "step": 3, "timestamp": 2}))
+
     assert main(["sync", str(folder)]) == 0
+    assert f"runjob: synced the trial {trial} to MLflow run " in capsys.readouterr().out
+    trial_run = MlflowRun.get(uri, RunRecord.read(trial).run_id)
+    assert trial_run.history("val/accuracy") == [(3, 0.5)]
     run = MlflowRun.get(uri, parent.run_id)
     assert run.status == "FINISHED"
     assert run.history("sweep/val/accuracy") == [(0, 0.5), (1, 0.9), (2, 0.7)]

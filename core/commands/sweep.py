@@ -33,7 +33,8 @@ from runjob.sweep.study import grid_points
 from runjob.sweep.worker import USER_MISTAKE_EXIT, override, shown
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-QUIET_ENVIRONMENT = "RUNJOB_SWEEP_QUIET"  # set for the workers of one machine: each trial's output to its folder
+# set for the workers `runjob sweep` starts on its machine: "1" sends each trial's output to its folder
+QUIET_ENVIRONMENT = "RUNJOB_SWEEP_QUIET"
 
 
 # --- checking every value before any trial -------------------------------------------------------
@@ -129,6 +130,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     signal when stopped.
     """
     job, _ = _load(args)
+    import mlflow  # noqa: F401 - its import sets its loggers' handlers: the library log below goes after it
+
+    from runjob.record.logfile import LibraryLog
     from runjob.sweep.devices import cpu_cores, plan_workers, visible_gpus
 
     assert job.sweep is not None  # checked by _load
@@ -136,11 +140,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     args.plans = plan_workers(
         args.workers, visible_gpus(), job.sweep.gpus_per_trial, job.launch.num_processes, cpu_cores()
     )
-    if args.join:
-        return _join(job, args)
-    if args.resume:
-        return _resume(job, args)
-    return _new(job, args)
+    with LibraryLog("command"):  # MLflow's INFO lines (a new store's tables) are not the user's
+        if args.join:
+            return _join(job, args)
+        if args.resume:
+            return _resume(job, args)
+        return _new(job, args)
 
 
 def _new(job: ResolvedJob, args: argparse.Namespace, folder: Path | None = None) -> int:
@@ -299,6 +304,8 @@ def _work_here(job: ResolvedJob, args: argparse.Namespace, study: Any, parent_ru
             raise Terminated(signals.signum)
     owner = FileLock(study.folder / OWNER_LOCK)
     if not owner.acquire(blocking=False):
+        if QUIET_ENVIRONMENT in os.environ:  # one of this machine's workers: the sweep's own lines say it all
+            return 0
         print(
             f"runjob: sweep worker done: {len(outcomes)} trial(s) here; the sweep's owner records its end", flush=True
         )
@@ -353,7 +360,7 @@ def _coordinate(
 ) -> int:
     """Run the workers (here, or ``--workers`` processes), log the parent run as trials finish,
     wait for other machines' running trials, then record the end. ``parent`` None: not the owner."""
-    from runjob.sweep.worker import Signals, Worker, start_child
+    from runjob.sweep.worker import Signals, Worker
 
     sweep = job.sweep
     assert sweep is not None
@@ -381,7 +388,7 @@ def _coordinate(
                     worker.after_trial = lambda outcome: parent.progress(study)
                 worker.run(signals)
             else:
-                code = _run_workers(job, args, study, parent, plans, signals, start_child)
+                code = _run_workers(job, args, study, parent, plans, signals)
         except RunjobError as mistake:
             if parent is None:
                 raise
@@ -402,25 +409,53 @@ def _storage_said(storage: str) -> str:
     return redact_text(storage)
 
 
-def _run_workers(job, args, study, parent, plans, signals, start_child) -> int | None:  # type: ignore[no-untyped-def]
+def _run_workers(
+    job: ResolvedJob, args: argparse.Namespace, study: Any, parent: Any, plans: list[dict[str, str]], signals: Any
+) -> int | None:
     """``len(plans)`` worker processes, each ``runjob sweep JOB --join FOLDER`` with its devices;
-    the parent logged as their trials finish. The highest worker exit code that is not 0, or None."""
+    the parent logged as their trials finish. A worker that dies (a crash, SIGKILL) leaves its trial
+    interrupted: another is started in its place while trials are left, at most 3 times a slot.
+    Returns 2 when a worker stopped the sweep for a mistake in the job, else None."""
+    from runjob.sweep.worker import start_child
+
     command = [sys.executable, "-m", "runjob", "sweep", str(job.source.path), "--join", str(study.folder)]
     command += [part for text in args.overrides for part in ("--set", text)]
-    quiet = {QUIET_ENVIRONMENT: "1"} if len(plans) > 1 else {}
-    children = []
-    for plan in plans:
+    # their trials' output to the trials' folders when several share the terminal
+    quiet = {QUIET_ENVIRONMENT: "1" if len(plans) > 1 else "0"}
+
+    def start(plan: dict[str, str]) -> Any:
         child = start_child(command, {**os.environ, **plan, **quiet})
         signals.watch(child)
-        children.append(child)
-    while any(child.poll() is None for child in children):
+        return child
+
+    children = [start(plan) for plan in plans]
+    restarts = [0] * len(plans)
+    mistake = False
+    while True:
         if parent is not None:
             parent.progress(study)
+        for slot, child in enumerate(children):
+            code = child.poll()
+            if code in (None, 0) or signals.signum:
+                continue
+            mistake = mistake or code == USER_MISTAKE_EXIT
+            if mistake or restarts[slot] >= 3 or study.stopped() or not (study.interrupted() or _budget_left(study)):
+                continue
+            restarts[slot] += 1
+            said = f"code {code}" if code > 0 else f"signal {-code}"
+            print(f"runjob: warning: sweep worker {slot + 1} ended with {said}; starting another", file=sys.stderr)
+            children[slot] = start(plans[slot])
+        if all(child.poll() is not None for child in children):
+            dead = [c.returncode not in (0, USER_MISTAKE_EXIT) for c in children]
+            dying = any(dead) and not (mistake or signals.signum) and study.running_elsewhere()
+            if not dying:  # else a killed worker's trial is still checkpointing: then its slot takes it over
+                break
         time.sleep(1.0)
-    codes = [child.returncode for child in children if child.returncode != 0]
-    if signals.signum:
-        return None
-    return max(codes) if codes else None
+    return USER_MISTAKE_EXIT if mistake and not signals.signum else None
+
+
+def _budget_left(study: Any) -> bool:
+    return sum(t.state != study.states.WAITING for t in study.trials()) < study.budget
 
 
 def _wait_elsewhere(study: Any, parent: Any, signals: Any) -> None:
@@ -491,7 +526,10 @@ def print_summary(study: Any, started: float) -> None:
     starts = [t.datetime_start.timestamp() for t in study.trials() if t.datetime_start is not None]
     wall = time.time() - min([started, *starts])  # a resumed sweep's too: since its first trial began
     busy = sum(row["seconds"] or 0.0 for row in rows)
-    speed = f"; {busy / wall:.2f}x the speed of one trial after another" if wall > 0 and busy > 0 else ""
+    ended = [t for t in study.trials() if t.datetime_start and t.datetime_complete]
+    spans = [(t.datetime_start, t.datetime_complete) for t in ended]
+    at_once = max((sum(a <= start < b for a, b in spans) for start, _ in spans), default=0)
+    speed = f"; {busy / wall:.2f}x the speed of one trial after another" if at_once > 1 and wall > 0 else ""
     print(f"runjob: sweep: {said} of {study.budget} trial(s) in {_clock(wall)}{speed}")
     keys = list(study.sweep.parameters)
     table = []
