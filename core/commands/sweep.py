@@ -529,7 +529,7 @@ def print_summary(study: Any, started: float) -> None:
     ended = [t for t in study.trials() if t.datetime_start and t.datetime_complete]
     spans = [(t.datetime_start, t.datetime_complete) for t in ended]
     at_once = max((sum(a <= start < b for a, b in spans) for start, _ in spans), default=0)
-    speed = f"; {busy / wall:.2f}x the speed of one trial after another" if at_once > 1 and wall > 0 else ""
+    speed = f"; {busy / wall:.2f} trials at once on average" if at_once > 1 and wall > 0 else ""
     print(f"runjob: sweep: {said} of {study.budget} trial(s) in {_clock(wall)}{speed}")
     keys = list(study.sweep.parameters)
     table = []
