@@ -1,8 +1,9 @@
-"""`runjob sweep`: the [sweep] table's checks, the values each method chooses, and one real grid
+"""`runjob sweep`: the [sweep] table's checks, the study workers share, and real sweeps: a grid
 sweep whose trials are child runs of one parent MLflow run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -10,6 +11,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import RESNET18_DIGITS, SMALL_DIGITS
@@ -630,3 +632,37 @@ def test_a_parent_recorded_while_the_server_is_down_is_restored_by_sync(tmp_path
     assert run.tags["runjob.sweep.best_trial"] == "1" and run.tags["runjob.sweep.best_params"] == "optimizer.lr=0.01"
     assert "importance/optimizer.lr" in run.metrics
     assert {"trials.json", "optimization_history.png"} <= run.artifacts()
+
+
+@pytest.mark.timeout(120)
+def test_join_finds_the_sweep_by_its_parent_run_or_its_storage_url(tmp_path, monkeypatch):
+    """What `--join` accepts besides a folder: the parent run's id (the folder from its tags) or
+    the study's storage URL with [sweep] study (the folder from the study)."""
+    from runjob.commands.sweep import _create, _where
+
+    write_job(
+        tmp_path / "job.toml",
+        BASE
+        + """
+    [sweep]
+    storage = "sqlite:///study.db"
+    study = "shared"
+    [sweep.parameters]
+    "optimizer.lr" = [0.1, 0.01]
+    """,
+    )
+    monkeypatch.chdir(tmp_path)
+    job = load_resolved(tmp_path / "job.toml", [], load_plugins())
+    folder = tmp_path / "sweeps" / "a"
+    folder.mkdir(parents=True)
+    args = SimpleNamespace(overrides=[])
+    study, parent = _create(job, args, folder)
+    assert _where(job, parent.run_id, None) == folder.resolve()
+    assert _where(job, "sqlite:///study.db", None) == folder.resolve()
+    assert _where(job, "sqlite:///study.db", tmp_path / "elsewhere") == tmp_path / "elsewhere", "--output-dir wins"
+    assert _where(job, "sweeps/a", None) == Path("sweeps/a")
+    unnamed = dataclasses.replace(job, sweep=job.sweep.model_copy(update={"study": None}))
+    with pytest.raises(RunjobError, match=r"name the study to join with \[sweep\] study"):
+        _where(unnamed, "sqlite:///study.db", None)
+    with pytest.raises(RunjobError, match="no such MLflow run"):
+        _where(job, "0" * 32, None)

@@ -298,6 +298,7 @@ def _work_here(job: ResolvedJob, args: argparse.Namespace, study: Any, parent_ru
 
     quiet = os.environ.get(QUIET_ENVIRONMENT) == "1"
     worker = Worker(study, job.source.path, list(args.overrides), parent_run_id, args.plans[0], quiet=quiet)
+    worker.command_line = _command_line()
     with Signals().active() as signals:
         outcomes = worker.run(signals)
         if signals.signum:
@@ -384,6 +385,7 @@ def _coordinate(
         try:
             if in_process:
                 worker = Worker(study, job.source.path, list(args.overrides), run_id, environment=plans[0])
+                worker.command_line = _command_line()
                 if parent is not None:
                     worker.after_trial = lambda outcome: parent.progress(study)
                 worker.run(signals)
@@ -401,6 +403,14 @@ def _coordinate(
         if not signals.signum and code is None:
             _wait_elsewhere(study, parent, signals)
         return _finish(study, parent, started, signals, code)
+
+
+def _command_line() -> Any:
+    """``runjob``'s command line, for a worker to fork trials with (imported here: the sweep's
+    engine sits below the commands)."""
+    from runjob.commands.cli import main
+
+    return main
 
 
 def _storage_said(storage: str) -> str:

@@ -121,16 +121,18 @@ class ForkedTrial:
     its own, dying with the worker), its output to ``output`` when given; what ``Signals`` and the
     worker need of a ``Popen``."""
 
-    def __init__(self, arguments: list[str], env: dict[str, str], output: Any = None) -> None:
+    def __init__(
+        self, main: Callable[[list[str]], int], arguments: list[str], env: dict[str, str], output: Any = None
+    ) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         self.returncode: int | None = None
         self.pid = os.fork()
         if self.pid == 0:  # the trial
-            self._child(arguments, env, output)
+            self._child(main, arguments, env, output)
 
     @staticmethod
-    def _child(arguments: list[str], env: dict[str, str], output: Any) -> None:
+    def _child(main: Callable[[list[str]], int], arguments: list[str], env: dict[str, str], output: Any) -> None:
         code = 1
         try:
             os.setsid()
@@ -142,8 +144,6 @@ class ForkedTrial:
                 os.dup2(output.fileno(), 2)
             os.environ.clear()
             os.environ.update(env)
-            from runjob.commands.cli import main
-
             code = main(arguments)
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 1
@@ -237,6 +237,9 @@ class Worker:
     quiet: bool = False
     after_trial: Callable[[Outcome], None] | None = None
     outcomes: list[Outcome] = field(default_factory=list)
+    command_line: Callable[[list[str]], int] | None = None
+    """runjob's command line (``runjob.commands.cli.main``): given, trials are forked from this
+    worker (see :func:`preload`); else each is ``python -m runjob`` of its own."""
     forking: bool = False
 
     def run(self, signals: Signals) -> list[Outcome]:
@@ -245,7 +248,7 @@ class Worker:
         study = self.study
         with FileLock(study.folder / LOCK_FILE):
             study.join()
-        self.forking = preload(self.environment)
+        self.forking = self.command_line is not None and preload(self.environment)
         while not signals.signum:
             with FileLock(study.folder / LOCK_FILE):
                 claim = study.claim()
@@ -291,8 +294,8 @@ class Worker:
         assert claim.lock.fd is not None
         with open(where, "ab") if where else contextlib.nullcontext() as output:
             command = self._command(claim)
-            if self.forking:
-                child: Any = ForkedTrial(command[3:], env, output)
+            if self.forking and self.command_line is not None:
+                child: Any = ForkedTrial(self.command_line, command[3:], env, output)
             else:
                 child = start_child(command, env, (claim.lock.fd,), output)
             signals.watch(child)
