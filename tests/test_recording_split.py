@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -168,47 +167,14 @@ def test_an_evaluation_recorded_while_the_server_is_down_is_restored_by_sync(run
     assert "unsynced" not in tester.record(folder).record
 
 
-def test_a_sweep_parent_mlflow_stopped_taking_is_restored_by_sync(runjob_tester, capsys):
-    from runjob.commands.sweep import ParentRun, Trial
-
-    tester = runjob_tester
-    job = _digits_job(tester, "swept", '[sweep]\n[sweep.parameters]\n"optimizer.lr" = [0.001, 0.1]\n')
-    folder = tester.path / "sweep"
-    parent = ParentRun.start(job, 2, {"runjob.sweep": "true"}, folder)
-    first = Trial(0, {"optimizer.lr": 0.001}, folder / "trial-000")
-    first.status, first.value, first.run_id = "finished", 0.5, "r0"
-    parent.log_trial(first, "val/accuracy")
-
-    class Gone:  # the server went away mid-sweep
-        def __getattr__(self, name):
-            raise ConnectionError("server gone")
-
-    parent.recorded.writer.client = Gone()
-    second = Trial(1, {"optimizer.lr": 0.1}, folder / "trial-001")
-    second.status, second.value, second.run_id = "finished", 0.75, "r1"
-    parent.log_trial(second, "val/accuracy")
-    parent.finish([first, second], second, "val/accuracy", "FINISHED", None)
-    assert f"upload it with `runjob sync {folder}`" in capsys.readouterr().err
-    assert tester.runs("swept")[0].status == "RUNNING", "MLflow has only the first part"
-
-    synced = tester.cli("sync", folder)
-    assert synced.returncode == 0, synced.stderr
-    (run,) = tester.runs("swept")
-    assert run.run_id == parent.run_id and run.status == "FINISHED" and run.run_name == "swept-sweep"
-    assert run.history("sweep/val/accuracy") == [(0, 0.5), (1, 0.75)]
-    assert run.metrics["best/val/accuracy"] == 0.75 and run.tags["runjob.sweep.best_trial"] == "1"
-    assert run.params["sweep.trials"] == "2" and run.artifacts() == {"job.toml", "trials.json"}
-    assert Path(folder / "record" / "job.toml").is_file()
-
-
 def test_a_sweep_whose_server_is_down_at_the_start_stops_and_leaves_no_record(runjob_tester):
-    from runjob.commands.sweep import ParentRun
     from runjob.errors import TrackingError
+    from runjob.sweep.parent import ParentRun
 
     uri = f"http://127.0.0.1:{free_port()}"
     extra = f'[tracking]\nuri = "{uri}"\n[sweep]\n[sweep.parameters]\n"optimizer.lr" = [0.001, 0.1]\n'
     job = _digits_job(runjob_tester, "unswept", extra)
     folder = runjob_tester.path / "sweep"
     with pytest.raises(TrackingError, match=f"cannot reach the MLflow tracking server at {uri} \\(tracking.uri\\)"):
-        ParentRun.start(job, 2, {"runjob.sweep": "true"}, folder)
+        ParentRun.start(job, {"sweep.trials": "2"}, {"runjob.sweep": "true"}, folder)
     assert not (folder / "mlflow_run.json").exists(), "no sweep began: nothing for sync"

@@ -10,10 +10,11 @@ from __future__ import annotations
 import pytest
 from helpers import RESNET18_DIGITS
 
-from runjob.commands.sweep import Trial, make_plan
 from runjob.host.plugin_host import load_plugins
 from runjob.job.validation import load_resolved
 from runjob.record.naming import HeadlineFirst, headline_metrics, recorded_params, run_name
+from runjob.sweep.study import SweepStudy
+from runjob.sweep.worker import override
 from runjob.testing import write_job
 from runjob.train.entry import SWEEP_TRIAL_TAG
 from runjob.train.runner import default_run_name
@@ -37,14 +38,17 @@ def test_three_sweep_trials_are_named_apart_within_what_the_runs_table_shows(tmp
     write_job(job_file, RESNET18_DIGITS.format(name="sw") + SWEEP)
     host = load_plugins()
     sweep = load_resolved(job_file, [], host).sweep
-    plan = make_plan(sweep)
+    study = SweepStudy.create(sweep, tmp_path / "sweep", "names")
+    study.join()
     names = []
     for index in range(3):
-        trial = Trial(index, plan.ask(index), tmp_path / f"trial-{index:03d}")
-        plan.tell(index, 0.0)
+        claim = study.claim()
+        claim.lock.release()
+        study.tell(claim.number, 0.0, "complete")
         # as `runjob sweep JOB --set train.epochs=2` starts the trial: the sweep's --set, then the trial's
-        job = load_resolved(job_file, ["train.epochs=2", *trial.overrides], host)
-        names.append(default_run_name(job, trial.output_dir, {SWEEP_TRIAL_TAG: str(index)}))
+        sets = [override(key, value) for key, value in claim.values.items()]
+        job = load_resolved(job_file, ["train.epochs=2", *sets], host)
+        names.append(default_run_name(job, claim.output_dir, {SWEEP_TRIAL_TAG: str(index)}))
 
     assert len({name[:NESTED_NAME_SHOWN] for name in names}) == 3, names
     assert len({name[:25] for name in names}) == 3, names
