@@ -668,3 +668,31 @@ def test_join_finds_the_sweep_by_its_parent_run_or_its_storage_url(tmp_path, mon
         _where(unnamed, "sqlite:///study.db", None)
     with pytest.raises(RunjobError, match="no such MLflow run"):
         _where(job, "0" * 32, None)
+
+
+@pytest.mark.timeout(120)
+def test_a_study_name_taken_in_the_storage_is_one_line_and_the_parent_run_fails(tmp_path, monkeypatch, capsys):
+    from runjob.testing import MlflowRun
+
+    write_job(
+        tmp_path / "job.toml",
+        BASE
+        + """
+    [sweep]
+    storage = "shared.journal"
+    study = "taken"
+    [sweep.parameters]
+    "optimizer.lr" = [0.1]
+    """,
+    )
+    monkeypatch.chdir(tmp_path)
+    job = load_resolved(tmp_path / "job.toml", [], load_plugins())
+    SweepStudy.create(job.sweep, tmp_path / "earlier", "taken")  # another sweep's study, same storage and name
+    assert main(["sweep", "job.toml", "--output-dir", "sweep"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("runjob: sweep.study = 'taken': the storage ") and line.endswith(
+        "already holds a study of that name; join it with `runjob sweep JOB --join ...` or name another"
+    )
+    run_id = json.loads((tmp_path / "sweep/mlflow_run.json").read_text())["run_id"]
+    parent = MlflowRun.get(f"sqlite:///{tmp_path / 'mlflow.db'}", run_id)
+    assert parent.status == "FAILED" and "already holds a study" in parent.tags["runjob.error"]

@@ -179,7 +179,11 @@ def _create(job: ResolvedJob, args: argparse.Namespace, folder: Path) -> tuple[A
     params = sweep_params(sweep, budget_of(sweep), name, storage)
     tags = {**_parent_tags(job, args.overrides, folder), "runjob.sweep.study": name}
     parent = ParentRun.start(job, params, tags, folder)
-    study = SweepStudy.create(sweep, folder, name)
+    try:
+        study = SweepStudy.create(sweep, folder, name)
+    except BaseException as error:  # a study of that name already there, a storage refusing: no sweep
+        parent.finish_unstarted(error)
+        raise
     study.study.set_user_attr(PARENT_ATTR, parent.run_id)
     study.study.set_user_attr(SWEEP_DIR_ATTR, str(folder.resolve()))
     SweepInfo(name, redact_text(storage), parent.run_id, str(job.source.path.resolve()), params).write(folder)
@@ -322,7 +326,7 @@ def _work_here(job: ResolvedJob, args: argparse.Namespace, study: Any, parent_ru
 def _resume(job: ResolvedJob, args: argparse.Namespace) -> int:
     """Continue the stopped sweep in ``--resume``'s folder (``auto``: ``--output-dir``'s, or a new one)."""
     from runjob.sweep.parent import ParentRun
-    from runjob.sweep.study import OWNER_LOCK, SWEEP_FILE, FileLock
+    from runjob.sweep.study import OWNER_LOCK, STOPPED, SWEEP_FILE, FileLock
     from runjob.sweep.worker import wait_for_previous
 
     if args.resume == "auto":
@@ -342,6 +346,9 @@ def _resume(job: ResolvedJob, args: argparse.Namespace) -> int:
             f"with --join {folder}"
         )
     study, _ = _open(job, folder)
+    if study.stopped():  # a trial's mistake stopped it: resuming says the job was put right
+        print(f"runjob: note: the sweep had stopped: {study.stopped()}; resuming it as asked", flush=True)
+        study.study.set_user_attr(STOPPED, "")
     wait_for_previous(study)
     assert job.sweep is not None
     parent = ParentRun.reopen(folder, job.sweep.metric or "")

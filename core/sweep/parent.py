@@ -132,6 +132,12 @@ class ParentRun:
                 if best is not None:
                     self.recorded.log_metrics({f"best/{metric}": float(best.value)}, self.finished)
 
+    def finish_unstarted(self, error: BaseException) -> None:
+        """The sweep could not begin after its parent run was created: the run ends FAILED, saying why."""
+        with warn_if_mlflow_fails("the sweep's failure"):
+            self.recorded.set_tags({"runjob.error": describe(error)[:5000]})
+            self.recorded.end("FAILED")
+
     def finish(self, study: SweepStudy, status: str, error: BaseException | None) -> None:
         """Record the best trial, the importances, the plots and every trial; close the run."""
         self.progress(study)

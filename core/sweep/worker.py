@@ -1,5 +1,6 @@
 """A sweep worker: takes trials from the study until none is left, and runs each as ``runjob run``
-in a process of its own (so ``[launch]`` works for trials too), in the trial's folder.
+in a process of its own (so ``[launch]`` works for trials too), in the trial's folder: forked from
+the worker, which imported the heavy libraries once (:func:`preload`), or a fresh interpreter.
 
 A trial's run gets the worker's devices or thread counts, its values as ``--set`` flags, tags that
 make it a child of the parent run, and ``--resume auto`` when it continues an interrupted trial.
