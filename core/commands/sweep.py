@@ -305,6 +305,8 @@ def _work_here(job: ResolvedJob, args: argparse.Namespace, study: Any, parent_ru
     worker.command_line = _command_line()
     with Signals().active() as signals:
         outcomes = worker.run(signals)
+        if signals.signum and QUIET_ENVIRONMENT in os.environ:  # one of the sweep's workers: it says so itself
+            return 128 + signals.signum
         if signals.signum:
             raise Terminated(signals.signum)
     owner = FileLock(study.folder / OWNER_LOCK)
@@ -510,7 +512,7 @@ def _finish(study: Any, parent: Any, started: float, signals: Any, code: int | N
         else None
     )
     parent.finish(study, status, error)
-    print_summary(study, started)
+    print_summary(study, started, stopped)
     if stopped:
         print(f"runjob: the sweep stopped; continue it with `runjob sweep {_job_said(study)} --resume {study.folder}`")
         raise Terminated(signals.signum)
@@ -526,7 +528,7 @@ def _job_said(study: Any) -> str:
     return shlex.quote(info.job_file) if info else "JOB"
 
 
-def print_summary(study: Any, started: float) -> None:
+def print_summary(study: Any, started: float, stopped: bool = False) -> None:
     """How many trials finished, were pruned, failed, are interrupted; a table of them, the best
     marked ``*`` with its ``--set`` flags; the wall time and the speed-up over one worker."""
     from runjob.sweep.parent import best_trial, overrides_of, trial_rows
@@ -562,7 +564,7 @@ def print_summary(study: Any, started: float) -> None:
         flags = " ".join(f"--set {shlex.quote(text)}" for text in overrides_of(study, best))
         run = best.user_attrs.get("runjob.run_id", "")
         print(f"runjob: best: trial {best.number}, {metric} {best.value:.4f} (run {run}): {flags}")
-    if counts["interrupted"]:
+    if counts["interrupted"] and not stopped:  # a stopped sweep says how to go on anyway
         print(
             f"runjob: {counts['interrupted']} trial(s) interrupted: `runjob sweep {_job_said(study)} --resume "
             f"{study.folder}` resumes them"
