@@ -335,7 +335,7 @@ class SweepTable(Options):
     """The study's name; by default the sweep folder's name."""
     pruner: SweepPruner = Field(default_factory=SweepPruner)
     gpus_per_trial: int | None = Field(None, ge=0)
-    """GPUs each trial gets; by default 1 where GPUs are visible, else 0."""
+    """GPUs each trial gets; by default, where GPUs are visible, one for each of a trial's processes, else 0."""
 
     @model_validator(mode="after")
     def _complete(self) -> SweepTable:
