@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import signal
 import sys
 import time
@@ -13,6 +12,7 @@ import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 from helpers import RESNET18_DIGITS, SMALL_DIGITS
 
@@ -421,21 +421,28 @@ def test_a_sweep_killed_mid_trial_resumes_with_one_parent_its_finished_trials_ke
         "sweep", "job.toml", *SWEEP_OPTIONS, *CHECKPOINTED, "--output-dir", "sweep", stdout=None, stderr=None
     )
 
-    def checkpointed(trial: int) -> None:
+    def paused_after_a_checkpoint(trial: int) -> tuple[psutil.Process, psutil.Process]:
+        """The sweep's worker and its running trial, the trial paused (SIGSTOP) once it wrote a
+        checkpoint, so it cannot finish before it is killed, however fast this machine is."""
         checkpoints = tester.path / f"sweep/trial-00{trial}/checkpoints"
         deadline = time.monotonic() + 400
         while not (checkpoints.is_dir() and any(checkpoints.glob("*/*"))):
             assert sweep.poll() is None and time.monotonic() < deadline, f"trial {trial} never wrote a checkpoint"
-            time.sleep(0.2)
+            time.sleep(0.02)
+        [worker] = [p for p in psutil.Process(sweep.pid).children() if "--join" in p.cmdline()]
+        [running] = worker.children()  # the trial, forked from its worker
+        running.suspend()
+        return worker, running
 
-    checkpointed(0)
-    [worker] = [pid for pid in _processes_with("--join") if _parent_of(pid) == sweep.pid]
-    os.kill(worker, signal.SIGKILL)
-    checkpointed(1)  # trial 0 was resumed by the next worker, which went on to trial 1
+    worker, running = paused_after_a_checkpoint(0)
+    worker.send_signal(signal.SIGKILL)  # the trial gets SIGTERM as its parent dies: it stops at a checkpoint
+    running.resume()
+    _, running = paused_after_a_checkpoint(1)  # trial 0 was resumed by the next worker, which went on to trial 1
     first_run = tester.record("sweep/trial-000").run_id
     assert tester.record("sweep/trial-000").status == "FINISHED"
     sweep.send_signal(signal.SIGKILL)
     sweep.wait(timeout=30)
+    running.resume()
 
     result = tester.cli("sweep", "job.toml", *SWEEP_OPTIONS, *CHECKPOINTED, "--resume", "sweep")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -451,24 +458,6 @@ def test_a_sweep_killed_mid_trial_resumes_with_one_parent_its_finished_trials_ke
     assert parents[0].history("sweep/val/accuracy") == [(n, c.metrics["val/accuracy"]) for n, c in enumerate(children)]
     trials = json.loads((tester.path / "sweep/trials.json").read_text())
     assert [t["state"] for t in trials] == ["finished"] * 2
-
-
-def _parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
-
-
-def _processes_with(word: str) -> list[int]:
-    """The pids of this machine's processes whose command line holds ``word``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                words = (entry / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if word.encode() in words:
-                found.append(int(entry.name))
-    return found
 
 
 @pytest.mark.e2e

@@ -27,6 +27,7 @@ from runjob.commands.table import render
 from runjob.errors import JobError, Problem, RunjobError, Terminated
 from runjob.host.plugin_host import PluginHost
 from runjob.job.jobfile import RawJob, apply_override
+from runjob.job.redaction import redact_text
 from runjob.job.schema import SWEEP_TABLE, SweepRange
 from runjob.job.validation import ResolvedJob, resolve
 from runjob.sweep.study import grid_points
@@ -168,7 +169,6 @@ def _new(job: ResolvedJob, args: argparse.Namespace, folder: Path | None = None)
 
 def _create(job: ResolvedJob, args: argparse.Namespace, folder: Path) -> tuple[Any, Any]:
     """The sweep in ``folder``: its parent run, its study, ``sweep.json``. Under the folder's lock."""
-    from runjob.job.redaction import redact_text
     from runjob.sweep.parent import ParentRun, sweep_params
     from runjob.sweep.study import PARENT_ATTR, SWEEP_DIR_ATTR, SweepInfo, SweepStudy, budget_of, storage_of
 
@@ -238,7 +238,6 @@ def _where(job: ResolvedJob, target: str, output_dir: Path | None) -> Path:
     from runjob.sweep.study import SWEEP_DIR_ATTR, is_url
 
     if is_url(target):
-        from runjob.job.redaction import redact_text
         from runjob.sweep.study import import_optuna, open_storage
 
         sweep = job.sweep
@@ -386,7 +385,7 @@ def _coordinate(
         + f": {len(plans)} worker(s) here"
         + (f" ({how})" if how else "")
         + f"; output in {study.folder}, MLflow parent run {run_id}; study {study.study.study_name!r} in "
-        + f"{_storage_said(study.storage)}",
+        + f"{redact_text(study.storage)}",
         flush=True,
     )
     code: int | None = None
@@ -420,12 +419,6 @@ def _command_line() -> Any:
     from runjob.commands.cli import main
 
     return main
-
-
-def _storage_said(storage: str) -> str:
-    from runjob.job.redaction import redact_text
-
-    return redact_text(storage)
 
 
 def _run_workers(
@@ -530,8 +523,10 @@ def _job_said(study: Any) -> str:
 
 def print_summary(study: Any, started: float, stopped: bool = False) -> None:
     """How many trials finished, were pruned, failed, are interrupted; a table of them, the best
-    marked ``*`` with its ``--set`` flags; the wall time and the speed-up over one worker."""
+    marked ``*`` with its ``--set`` flags; the wall time and, when trials overlapped, how many ran at
+    once on average."""
     from runjob.sweep.parent import best_trial, overrides_of, trial_rows
+    from runjob.sweep.worker import toml_value
 
     rows = trial_rows(study)
     if not rows:
@@ -542,19 +537,18 @@ def print_summary(study: Any, started: float, stopped: bool = False) -> None:
         state: sum(row["state"] == state for row in rows) for state in ("finished", "pruned", "failed", "interrupted")
     }
     said = ", ".join(f"{count} {state}" for state, count in counts.items() if count or state == "finished")
-    starts = [t.datetime_start.timestamp() for t in study.trials() if t.datetime_start is not None]
+    trials = study.trials()
+    starts = [t.datetime_start.timestamp() for t in trials if t.datetime_start is not None]
     wall = time.time() - min([started, *starts])  # a resumed sweep's too: since its first trial began
     busy = sum(row["seconds"] or 0.0 for row in rows)
-    ended = [t for t in study.trials() if t.datetime_start and t.datetime_complete]
-    spans = [(t.datetime_start, t.datetime_complete) for t in ended]
+    spans = [(t.datetime_start, t.datetime_complete) for t in trials if t.datetime_start and t.datetime_complete]
     at_once = max((sum(a <= start < b for a, b in spans) for start, _ in spans), default=0)
     speed = f"; {busy / wall:.2f} trials at once on average" if at_once > 1 and wall > 0 else ""
     print(f"runjob: sweep: {said} of {study.budget} trial(s) in {_clock(wall)}{speed}")
     keys = list(study.sweep.parameters)
     table = []
     for row in rows:
-        values = [part.partition("=")[2] for part in row["overrides"]]
-        cells = [f"{float(v):.4g}" if _is_float(v) else v for v in values]
+        cells = [f"{v:.4g}" if isinstance(v, float) else toml_value(v) for v in row["values"].values()]
         value = "" if row["value"] is None else f"{row['value']:.4f}"
         mark = "* " if best is not None and row["trial"] == best.number else "  "
         table.append([mark + str(row["trial"]), row["state"], value, *cells, row["run_id"] or ""])
@@ -570,10 +564,6 @@ def print_summary(study: Any, started: float, stopped: bool = False) -> None:
             f"{study.folder}` resumes them"
         )
     sys.stdout.flush()
-
-
-def _is_float(text: str) -> bool:
-    return "." in text and text.replace(".", "", 1).replace("e-", "", 1).replace("e+", "", 1).lstrip("-").isdigit()
 
 
 def _clock(seconds: float) -> str:

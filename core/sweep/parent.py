@@ -220,6 +220,7 @@ def trial_rows(study: SweepStudy) -> list[dict[str, Any]]:
                 "trial": trial.number,
                 "state": STATE_NAMES.get(trial.state.name, trial.state.name.lower()),
                 "value": trial.value if trial.value is not None else _last_intermediate(trial),
+                "values": job_values(study.sweep.parameters, trial.params),
                 "overrides": overrides_of(study, trial),
                 "run_id": trial.user_attrs.get(RUN_ID),
                 "output_dir": trial.user_attrs.get(OUTPUT_DIR),

@@ -430,9 +430,9 @@ class _EncodeRows:
         return {"input_ids": [e.ids for e in encoded], "target": labels}
 
 
-class EncodedRows:
-    """A tokenized split (a ``datasets.Dataset``, memory-mapped when read from files): items
-    ``({"input_ids", "attention_mask"}, label)``, of the row's own length (padded by :class:`Pad`)."""
+class _TokenizedRows:
+    """A tokenized split (a ``datasets.Dataset``, memory-mapped when read from files) whose items
+    are each row's tokens at the row's own length (padded by :class:`Pad`)."""
 
     def __init__(self, table: Any) -> None:
         self.hf = table
@@ -440,12 +440,23 @@ class EncodedRows:
     def __len__(self) -> int:
         return len(self.hf)
 
-    def __getitem__(self, index: int) -> Any:
+    def _row(self, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The row at ``index`` and its ``{"input_ids", "attention_mask"}`` tensors."""
         import torch
 
         row = self.hf[int(index)]
         ids = torch.tensor(row["input_ids"], dtype=torch.long)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, torch.tensor(row["target"], dtype=torch.long)
+        return row, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+class EncodedRows(_TokenizedRows):
+    """Items ``({"input_ids", "attention_mask"}, label)``."""
+
+    def __getitem__(self, index: int) -> Any:
+        import torch
+
+        row, inputs = self._row(index)
+        return inputs, torch.tensor(row["target"], dtype=torch.long)
 
 
 def _label_names(table: Any, column: str) -> tuple[list[str], list[str]]:
@@ -575,26 +586,14 @@ class _EncodeWords:
         return {"input_ids": [e.ids for e in encoded], "labels": labels}
 
 
-class TaggedRows:
-    """A tokenized split: items ``{"input_ids", "attention_mask", "labels"}`` (labels -100 where
-    nothing is scored), of the row's own length (padded by :class:`Pad`)."""
-
-    def __init__(self, table: Any) -> None:
-        self.hf = table
-
-    def __len__(self) -> int:
-        return len(self.hf)
+class TaggedRows(_TokenizedRows):
+    """Items ``{"input_ids", "attention_mask", "labels"}`` (labels -100 where nothing is scored)."""
 
     def __getitem__(self, index: int) -> Any:
         import torch
 
-        row = self.hf[int(index)]
-        ids = torch.tensor(row["input_ids"], dtype=torch.long)
-        return {
-            "input_ids": ids,
-            "attention_mask": torch.ones_like(ids),
-            "labels": torch.tensor(row["labels"], dtype=torch.long),
-        }
+        row, inputs = self._row(index)
+        return {**inputs, "labels": torch.tensor(row["labels"], dtype=torch.long)}
 
 
 def _tag_names(table: Any, column: str) -> tuple[list[str], list[str]]:
