@@ -212,23 +212,6 @@ def _read_image(path: str):
         raise DataError(f"cannot read image {path}: {type(error).__name__}: {error}") from None
 
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
-
-
-def image_files(path: str | Path) -> list[Path]:
-    """The image files ``runjob predict --input`` names: the file ``path``, or every image file in
-    folder ``path`` and its subfolders, in path order; a DataError when there is none."""
-    path = Path(path)
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise DataError(f"--input {path}: no such file or folder")
-    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
-    if not files:
-        raise DataError(f"--input {path}: no image files ({', '.join(IMAGE_SUFFIXES)}) in the folder")
-    return files
-
-
 class ImageFileInputs(Inputs):
     """Image files (PNG, JPEG, ...) as the model's inputs: decoded as RGB (then to one gray channel,
     repeated three times, when ``gray``), resized to ``size`` when set, scaled to [0, 1] and
@@ -237,6 +220,7 @@ class ImageFileInputs(Inputs):
     MLflow model takes a column ``image`` of such bytes."""
 
     columns = {"image": "binary"}
+    reads = "image"
 
     def __init__(self, size: int | None, mean, std, gray: bool = False) -> None:
         self.size, self.mean, self.std, self.gray = size, [float(m) for m in mean], [float(s) for s in std], gray
@@ -247,11 +231,12 @@ class ImageFileInputs(Inputs):
 
     def read(self, path: Path) -> list[tuple[str, dict]]:
         """The image file ``path``, or every image file in the folder and its subfolders (named by
-        their path relative to it), in path order; each read when it is encoded."""
+        their path relative to it), in path order; each read when it is encoded. Files that are not
+        images are left out by :meth:`runjob.Inputs.files`."""
         root = Path(path)
         return [
             (file.name if file == root else file.relative_to(root).as_posix(), {"image": file})
-            for file in image_files(root)
+            for file in self.files(root)
         ]
 
     def encode(self, record: dict):

@@ -349,6 +349,8 @@ class CSVInputs(Inputs):
     deviation when the job standardized. They travel in the run's MLflow model, which then takes
     raw rows (a DataFrame with these columns) as ``runjob predict`` takes a CSV file."""
 
+    reads = "csv"
+
     def __init__(self, features: list[str], mean: list[float] | None, std: list[float] | None) -> None:
         self.features = list(features)
         self.mean, self.std = mean, std  # float64 values as Python floats: plain, picklable, exact
@@ -362,6 +364,7 @@ class CSVInputs(Inputs):
             raise DataError(
                 f"--input {path}: {what}; the csv dataset reads a CSV file with the columns {_listing(self.features)}"
             )
+        [path] = self.files(path)  # a binary file is refused here, before it is parsed as CSV
         table = read_table(str(path))
         absent = [name for name in self.features if name not in table.header]
         if absent:

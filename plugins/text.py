@@ -190,16 +190,14 @@ class TextPrompts(Inputs):
     and continues each."""
 
     columns = {"prompt": "string"}
+    reads = "text"
 
     def read(self, path: Path) -> list[tuple[str, dict[str, bytes]]]:
         """The file ``path`` is one prompt, a folder holds one prompt a file (its subfolders too,
-        in path order; empty files left out)."""
+        in path order; empty files left out, binary ones too, by :meth:`runjob.Inputs.files`)."""
         path = Path(path)
-        if not path.exists():
-            raise DataError(f"--input {path}: no such file or folder")
-        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
         prompts = []
-        for file in files:
+        for file in self.files(path):
             try:
                 data = file.read_bytes()
             except OSError as error:

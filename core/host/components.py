@@ -12,9 +12,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
+
+from runjob.host.input_files import KINDS, InputKind, checked_files, reading, skipped_notes
 
 if TYPE_CHECKING:  # for annotations only: nothing here imports torch
     import torch
@@ -321,16 +323,36 @@ class Inputs(ABC):
     where the model is loaded (its plugin is among the model's requirements). State fitted on the
     training data (a standardization's means, a vocabulary) belongs here: the MLflow model then
     needs nothing else of the dataset.
+
+    :attr:`reads` says what kind of file :meth:`read` takes; runjob checks every file against it
+    (:meth:`files`), so a text input is never fed an image's bytes.
     """
 
     columns: dict[str, str] = {}
     """Each record key and its type: ``"double"``, ``"long"``, ``"string"`` or ``"binary"`` (bytes)."""
 
+    reads: ClassVar[InputKind | None] = None
+    """The kind of file :meth:`read` takes, checked by runjob before ``read`` sees a file:
+    ``"text"`` (UTF-8 text: a NUL byte, or bytes that are not UTF-8, in a file's first 8 KiB make
+    it binary, whatever its suffix), ``"csv"`` (the same, for CSV text) or ``"image"`` (a file
+    Pillow recognizes as an image). ``runjob predict --input FILE`` with a file of another kind
+    stops with one line naming it and what the dataset reads (exit 2); in a folder, such files are
+    skipped, each said in one line, and the others predicted (exit 2 when none is left).
+    ``None`` (the default, for Inputs written before it existed): nothing is checked."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.reads is not None and cls.reads not in KINDS:  # said when the plugin loads, not at predict
+            raise TypeError(
+                f"{cls.__qualname__}.reads = {cls.reads!r}: must be one of {', '.join(map(repr, KINDS))} or None"
+            )
+
     @abstractmethod
     def read(self, path: Path) -> Sequence[tuple[str, dict[str, Any]]]:
         """The records in a file or folder the user names (``runjob predict --input PATH``), each
-        with a name for its output row (a file name, ``line N``). Raise :class:`runjob.DataError`
-        naming the path when nothing can be read."""
+        with a name for its output row (a file name, ``line N``). Take the files from
+        :meth:`files` (``for file in self.files(path)``), which leaves out those not of the kind
+        :attr:`reads` names. Raise :class:`runjob.DataError` naming the path when nothing can be read."""
 
     @abstractmethod
     def encode(self, record: dict[str, Any]) -> Any:
@@ -348,18 +370,36 @@ class Inputs(ABC):
         """Whether this class overrides :meth:`decode`."""
         return type(self).decode is not Inputs.decode
 
-    def dataset(self, path: Path) -> EncodedInputs:
+    def files(self, path: Path) -> list[Path]:
+        """The files :meth:`read` takes from ``path``: the file itself, or every file in the folder
+        and its subfolders, in path order, less those not of the kind :attr:`reads` names. A
+        refused file named alone, or a folder with no file of that kind, is a one-line
+        :class:`runjob.DataError`; a folder's other refused files are left out (``runjob predict``
+        says each and how many)."""
+        return checked_files(Path(path), self.reads, type(self).__name__)
+
+    def dataset(self, path: Path, dataset_name: str | None = None) -> EncodedInputs:
         """``DatasetSplits.read_inputs`` made of :meth:`read` and :meth:`encode`: ``(name, input)``
-        items, each encoded when it is taken."""
-        return EncodedInputs(self, list(self.read(Path(path))), str(path))
+        items, each encoded when it is taken; its ``notes`` say which files of a folder were left
+        out. ``dataset_name`` names the run's dataset in messages."""
+        path = Path(path)
+        reader = f"this run's dataset {dataset_name!r}" if dataset_name else type(self).__name__
+        with reading(reader) as state:
+            if self.reads is not None and path.is_file():
+                self.files(path)  # checked here too, for a ``read`` that does not take its files from files()
+            records = list(self.read(path))
+        return EncodedInputs(self, records, str(path), skipped_notes(state, str(path), self.reads))
 
 
 class EncodedInputs:
     """The records :meth:`Inputs.read` found, encoded one by one as a DataLoader takes them; a
-    record :meth:`Inputs.encode` refuses is a DataError naming the input and the record."""
+    record :meth:`Inputs.encode` refuses is a DataError naming the input and the record.
+    ``notes``: one line for each file of a folder that was left out, and one saying how many."""
 
-    def __init__(self, inputs: Inputs, records: list[tuple[str, dict[str, Any]]], where: str) -> None:
-        self.inputs, self.records, self.where = inputs, records, where
+    def __init__(
+        self, inputs: Inputs, records: list[tuple[str, dict[str, Any]]], where: str, notes: Sequence[str] = ()
+    ) -> None:
+        self.inputs, self.records, self.where, self.notes = inputs, records, where, list(notes)
 
     def __len__(self) -> int:
         return len(self.records)

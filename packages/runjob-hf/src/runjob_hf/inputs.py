@@ -23,15 +23,9 @@ def _read_file(path: Path) -> str:
         raise runjob.DataError(f"--input: cannot read {path}: {error.strerror or error}") from None
 
 
-def _files(path: Path) -> list[Path]:
-    path = Path(path)
-    if not path.exists():
-        raise runjob.DataError(f"--input {path}: no such file or folder")
-    return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-
-
 class _TextInputs(runjob.Inputs):
     columns = {"text": "string"}
+    reads = "text"  # .txt, .jsonl and .csv alike: runjob refuses a binary file before it is decoded
 
     truncates = True
 
@@ -60,7 +54,7 @@ class _TextInputs(runjob.Inputs):
         a row, its ``text`` column; a folder: each file as one of these."""
         root = Path(path)
         records = []
-        for file in _files(root):
+        for file in self.files(root):
             name = file.name if file == root else file.relative_to(root).as_posix()
             if file.suffix.lower() in _TABLES:
                 records.extend(self._table(file, name))
@@ -112,7 +106,7 @@ class Prompts(_TextInputs):
     def read(self, path: Path) -> list[tuple[str, dict[str, Any]]]:
         root = Path(path)
         prompts = []
-        for file in _files(root):
+        for file in self.files(root):
             text = _read_file(file)
             if text:
                 prompts.append((file.name if file == root else file.relative_to(root).as_posix(), {"text": text}))
