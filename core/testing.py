@@ -27,6 +27,11 @@ working directory, a private MLflow store (sqlite, copied from an initialised em
 At import time this module loads only the standard library, pytest and runjob's light top-level
 package; torch, accelerate and mlflow are imported by the calls that need them.
 
+Every test of a suite that enables it runs isolated from the user's environment (the autouse
+fixture ``runjob_isolated_environment``): no ``MLFLOW_*``, ``ACCELERATE_*``, ``RUNJOB_*``, ``HF_*``,
+``HUGGINGFACE_*``, ``TRANSFORMERS_*`` or ``OPTUNA_*`` variable from outside, MLflow recording to a
+store in the test's ``tmp_path``, ``HF_HOME`` there and Hugging Face offline.
+
 What it offers: the fixtures ``runjob_tester`` (a :class:`RunjobTester`), ``mlflow_server`` (the
 URL of a real ``mlflow server``) and ``empty_mlflow_db``; and, for use without them,
 :func:`free_port`, :func:`write_job`, :func:`make_plugin_dist`, :func:`install_project`,
@@ -97,6 +102,9 @@ __all__ = [
 
 ISOLATED_PREFIXES = ("MLFLOW_", "ACCELERATE_", "RUNJOB_")
 """Environment variables a test must not inherit: they would change where and how a run records."""
+USER_ENVIRONMENT_PREFIXES = (*ISOLATED_PREFIXES, "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "OPTUNA_")
+"""The user's own settings that no test of a suite using the kit sees (a team's exported
+``MLFLOW_TRACKING_URI``, a Hugging Face token or cache): see :func:`runjob_isolated_environment`."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1115,6 +1123,34 @@ class RunjobTester:
     def has_experiment(self, experiment: str) -> bool:
         """Whether MLflow experiment ``experiment`` exists in this test's store."""
         return self.client.get_experiment_by_name(experiment) is not None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runjob_user_environment_removed() -> Iterator[None]:
+    """For the whole session (each xdist worker's): none of the user's ``MLFLOW_*``,
+    ``ACCELERATE_*``, ``RUNJOB_*``, ``HF_*``, ``HUGGINGFACE_*``, ``TRANSFORMERS_*`` or ``OPTUNA_*``
+    variables, so session fixtures and every process a test starts never see them; put back after."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in list(os.environ):
+            if name.startswith(USER_ENVIRONMENT_PREFIXES):
+                patch.delenv(name)
+        yield
+
+
+@pytest.fixture(autouse=True)
+def runjob_isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test of a suite that loads the kit: the user's settings removed (a developer whose
+    shell exports ``MLFLOW_TRACKING_URI`` to a team's server, a Hugging Face cache or token), MLflow
+    pointed at a store in the test's ``tmp_path`` and ``HF_HOME`` there, offline, so a test neither
+    depends on the machine's environment nor writes runs into a real server or a shared cache. A test
+    sets its own values on top (``monkeypatch.setenv``); ``runjob_tester`` uses the same folder."""
+    for name in list(os.environ):
+        if name.startswith(USER_ENVIRONMENT_PREFIXES):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session")

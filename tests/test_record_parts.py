@@ -104,8 +104,8 @@ def test_a_tracking_server_that_is_not_there_is_named_with_the_way_out():
     check_reachable("sqlite:///nowhere/mlflow.db")  # only servers are asked; stores fail on their own
 
 
-def test_uploads_gather_queued_points_into_few_calls_in_order_and_stop_at_a_failure():
-    from runjob.record.mlflow_writer import Uploader
+def test_uploads_gather_queued_points_into_few_calls_in_order_and_stop_when_the_server_is_gone():
+    from runjob.record.mlflow_writer import Retrying, Uploader
 
     sent, calls = [], []
     uploader = Uploader(lambda metrics: sent.append(list(metrics)))
@@ -120,12 +120,12 @@ def test_uploads_gather_queued_points_into_few_calls_in_order_and_stop_at_a_fail
     def refuse(metrics):
         raise ConnectionError("server gone")
 
-    failing = Uploader(refuse)
+    failing = Uploader(refuse, Retrying(sleep=lambda seconds: None))
     failing.submit_metrics([(1, 0)], 1)
     failing.submit(lambda: calls.append("never"), "the run's end")
     assert not failing.close(timeout=30)
     assert failing.failure == "ConnectionError: server gone" and failing.failed_at == "metrics of step 1"
-    assert calls == ["tags after step 300"], "nothing is sent after a failure"
+    assert calls == ["tags after step 300"], "nothing is sent once the server stays gone through every retry"
 
 
 @pytest.mark.parametrize("kind", ["pickle", "pt2"])

@@ -558,6 +558,9 @@ def print_summary(study: Any, started: float, stopped: bool = False) -> None:
         flags = " ".join(f"--set {shlex.quote(text)}" for text in overrides_of(study, best))
         run = best.user_attrs.get("runjob.run_id", "")
         print(f"runjob: best: trial {best.number}, {metric} {best.value:.4f} (run {run}): {flags}")
+    for row in rows:
+        if row.get("unsynced"):
+            print(f"runjob: warning: trial {row['trial']}: {row['unsynced']}")
     if counts["interrupted"] and not stopped:  # a stopped sweep says how to go on anyway
         print(
             f"runjob: {counts['interrupted']} trial(s) interrupted: `runjob sweep {_job_said(study)} --resume "

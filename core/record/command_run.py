@@ -4,8 +4,10 @@ recorded as a training run is: its local record first, then MLflow.
 The folder gets the files a training run's output folder holds for its record (``mlflow_run.json``,
 ``metrics.jsonl``, the artifacts it lists), so ``runjob sync FOLDER`` uploads whatever MLflow
 missed. Each part then goes to MLflow at once, through the one writer
-(:class:`runjob.record.mlflow_writer.RunWriter`); the first failure stops the writing (each later
-call would wait on retries too) and is noted as the record's ``unsynced``.
+(:class:`runjob.record.mlflow_writer.RunWriter`), tried again while the store is busy
+(:class:`runjob.record.mlflow_writer.Retrying`, as a training run's record is); a write that fails
+every try is noted as the record's ``unsynced``, and one the store gave no answer to stops the
+writing (each later call would wait through its retries too).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import RunjobError, describe
+from runjob.errors import RunjobError
 from runjob.record.local import METRICS_FILE, RUN_RECORD, MetricsWriter, RunRecord, now_ms
 from runjob.record.messages import Point
 
@@ -28,6 +30,7 @@ class CommandRun:
         self.writer: Any = None  # its mlflow_writer.RunWriter once MLflow has the run
         self.failure: str | None = None  # what MLflow did not take first, and why
         self.error: BaseException | None = None  # the error that said so
+        self._gone = False  # the store gave no answer: later writes are not tried
 
     @classmethod
     def begin(
@@ -68,21 +71,27 @@ class CommandRun:
         return run
 
     def _attach(self, uri: str, run_id: str) -> None:
-        from runjob.record.mlflow_writer import RunWriter, connect
+        from runjob.record.mlflow_writer import RunWriter, connect, retried
 
-        self.writer = RunWriter(connect(uri), run_id)
-        self.writer.reopen()
+        writer = RunWriter(connect(uri), run_id)
+        retried(writer.reopen, "the run's reopening")
+        self.writer = writer
 
     def _create(self, uri: str, setting: str) -> None:
-        from runjob.record.mlflow_writer import RunWriter, connect
+        from runjob.record.mlflow_writer import RunWriter, connect, retried
         from runjob.record.uri import check_reachable
 
         check_reachable(uri, setting)
         record = self.record
-        self.writer = RunWriter.create(connect(uri), record.experiment, record.run_name, record.tags, record.start_time)
+        client = connect(uri)
+        # each step tried again on its own while the store is busy (not the whole: a second run)
+        self.writer = retried(
+            lambda: RunWriter.create(client, record.experiment, record.run_name, record.tags, record.start_time),
+            "the run's creation",
+        )
         record.run_id = self.writer.run_id
         record.write(self.folder)  # before the params: a failure after this is synced into this run
-        self.writer.params(record.params)
+        retried(lambda: self.writer.params(record.params), "params")
 
     @property
     def run_id(self) -> str | None:
@@ -126,13 +135,18 @@ class CommandRun:
         self._send("the run's end", lambda: self.writer.terminate(status, end_time))
 
     def _send(self, what: str, call: Callable[[], Any]) -> None:
-        """``call`` to MLflow, unless something failed before; a failure is noted, not raised."""
-        if self.failure is not None:
+        """``call`` to MLflow, tried again while the store is busy, unless the store stopped
+        answering before; a write that fails every try is noted, not raised."""
+        from runjob.record.mlflow_writer import RETRY_DELAYS_S, Retrying
+
+        if self.failure is not None and (self._gone or self.writer is None):
             return
-        try:
-            call()
-        except Exception as error:  # noqa: BLE001 - the local record has it; `runjob sync` sends it later
-            text = str(error) if isinstance(error, RunjobError) else describe(error)
-            self.failure, self.error = f"{what}: {text[:500]}", error
-            self.record.unsynced = self.failure
-            self.record.write(self.folder)
+        outcome = Retrying(delays=() if self.writer is None else RETRY_DELAYS_S).write(call, what)
+        if outcome.error is None:
+            return
+        error = outcome.exception
+        text = str(error) if isinstance(error, RunjobError) else outcome.error
+        self.failure, self.error = self.failure or f"{what}: {text[:500]}", self.error or error
+        self._gone = self._gone or outcome.unreachable
+        self.record.unsynced = self.failure
+        self.record.write(self.folder)

@@ -175,6 +175,11 @@ class Ended:
     failure: str | None = None
     failed_at: str | None = None
     caught_up: bool = False
+    retried: int = 0
+    """How many MLflow writes needed more than one try."""
+    stopped: bool = False
+    """The store stayed unreachable, so the rest of the record was not sent (else: only the writes
+    ``failed_at`` names were skipped)."""
 
 
 Reply = Started | Refused | ModelWritten | Ended

@@ -18,8 +18,9 @@ imported already and ``"process"`` otherwise (:func:`in_process`).
 Nothing is lost when this process is slow or stops: the local record holds everything and
 ``runjob sync`` uploads it; a resumed run's recording process first sends MLflow what the record
 holds and it lacks (what a killed predecessor had not sent). It reads the pipe in a thread of its
-own, so the training process's writes never wait on MLflow. It ignores SIGINT and SIGTERM (a Ctrl-C
-reaches the whole process group; the training process ends the run, then says ``Close``), and it
+own, so the training process's writes never wait on MLflow. It ignores SIGINT, SIGTERM and SIGHUP
+(a Ctrl-C, or a closed terminal's hang-up, reaches the whole process group; the training process
+ends the run, then says ``Close``), and it
 exits once told to, or when the pipe closes, after sending what it has.
 
 Messages in: ``Start`` (a main process: where and what to record) or ``Join`` (another machine's
@@ -45,6 +46,7 @@ from runjob.errors import RunjobError
 from runjob.host.run_folder import RunFolder
 from runjob.record import messages
 from runjob.record.messages import Recording
+from runjob.record.mlflow_writer import RETRIED_TAG
 
 MODULE = "runjob.record.mirror"
 
@@ -329,8 +331,14 @@ class _Recording:
             self.uploader.submit(lambda: writer.inputs([entry]), f"dataset {entry['name']}")
         elif isinstance(message, messages.End):
             self._submit_metrics(self._headline_first([], release=True))
-            status, end_time = message.status, message.end_time
-            self.uploader.submit(lambda: writer.terminate(status, end_time), "the run's end")
+            status, end_time, uploader = message.status, message.end_time, self.uploader
+
+            def end() -> None:
+                if uploader.retried:  # said in MLflow too: how busy the store was for this run
+                    writer.tags({RETRIED_TAG: str(uploader.retried)})
+                writer.terminate(status, end_time)
+
+            self.uploader.submit(end, "the run's end")
         else:
             raise ValueError(f"the recording process cannot take a {message.kind} message here")
 
@@ -380,27 +388,37 @@ class _Recording:
             self.reply(messages.Ended(sent=True))
             return
         self._submit_metrics(self._headline_first([], release=True))
-        sent = self.uploader.close(FINAL_UPLOAD_TIMEOUT_S)
-        self.reply(messages.Ended(sent, self.uploader.failure, self.uploader.failed_at, self.caught_up))
+        uploader = self.uploader
+        sent = uploader.close(FINAL_UPLOAD_TIMEOUT_S)
+        failed_at = uploader.failed_at
+        if len(uploader.missed) > 1:
+            failed_at = f"{failed_at} and {len(uploader.missed) - 1} more"
+        self.reply(
+            messages.Ended(sent, uploader.failure, failed_at, self.caught_up, uploader.retried, uploader.stopped)
+        )
 
 
 def _open_run(first: messages.Start | messages.Join, uri: str) -> Any:
     """Create the run with its tags and params (or reopen a resumed one, or take the one another
     machine's main process made); returns its :class:`runjob.record.mlflow_writer.RunWriter`."""
-    from runjob.record.mlflow_writer import RunWriter, connect
+    from runjob.record.mlflow_writer import RunWriter, connect, retried
 
     client = connect(uri)
     if isinstance(first, messages.Join):
         return RunWriter(client, first.run_id)
+    # each write tried again while the store is busy (another run's write holding a sqlite store)
     if first.run_id is None:
-        writer = RunWriter.create(client, first.experiment, first.run_name, first.tags, first.start_time)
+        create = RunWriter.create
+        writer = retried(
+            lambda: create(client, first.experiment, first.run_name, first.tags, first.start_time), "the run's creation"
+        )
     else:
         writer = RunWriter(client, first.run_id)
-        writer.reopen()
+        retried(writer.reopen, "the run's reopening")
     try:
-        writer.tags(first.tags)
+        retried(lambda: writer.tags(first.tags), "tags")
         if first.log_params:  # a resumed run logged its params when it began; changes are in the tags
-            writer.params(first.params)
+            retried(lambda: writer.params(first.params), "params")
     except Exception:
         try:
             writer.terminate("FAILED")
@@ -446,6 +464,7 @@ def main() -> int:
     os.nice(10)  # where it competes with training for a core, training goes first
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")  # replies; anything printed goes to stderr
     os.dup2(2, 1)
     inbox: queue.Queue = queue.Queue()

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 import queue
+import re
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -180,16 +182,18 @@ def log_logged_model(client: Any, run_id: str, folder: Path, name: str = MODEL_A
     """The MLflow model in ``folder`` as a logged model called ``name`` (the job's name) of
     ``run_id``: MLflow 3 lists it under the run's models (and the experiment's Models tab), and
     ``runs:/ID/<name>`` loads it. Its files are stored once, in the model's own artifact location.
-    A run that has one already (``runjob sync`` again) keeps it. Returns the model id."""
+    A run that has one already (``runjob sync`` again) keeps it; one left PENDING by an earlier try
+    that failed half-way (a retried write) is completed. Returns the model id."""
     from mlflow.entities import LoggedModelOutput
 
     experiment = client.get_run(run_id).info.experiment_id
     found = client.search_logged_models(
         [experiment], filter_string=f"source_run_id = '{run_id}' AND name = '{name}'", max_results=1
     )
-    if found:
+    if found and str(found[0].status) == "READY":
         return found[0].model_id
-    model = client.create_logged_model(experiment, name=name, source_run_id=run_id, model_type="pytorch")
+    model = found[0] if found else None
+    model = model or client.create_logged_model(experiment, name=name, source_run_id=run_id, model_type="pytorch")
     client.log_model_artifacts(model.model_id, str(folder))
     client.finalize_logged_model(model.model_id, "READY")
     client.log_outputs(run_id, [LoggedModelOutput(model.model_id, 0)])
@@ -216,19 +220,131 @@ def log_inputs(client: Any, run_id: str, entries: list[dict[str, Any]]) -> None:
     client.log_inputs(run_id, datasets=inputs)
 
 
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0, 8.0)
+"""The waits before each new try of a failed MLflow write (15.5 s in all, six tries): a sqlite store
+locked by another run's write, a server's 5xx while it restarts, a dataset row two runs insert at
+once. MLflow's own HTTP retries (``uri.HTTP_DEFAULTS``) come inside each try."""
+UNREACHABLE_TRIES = 3
+"""Tries of a write that gets no answer at all (each with MLflow's own HTTP retries inside): a
+server that is restarting comes back within them; one that does not is gone."""
+UNREACHABLE_AFTER = 3
+"""Writes in a row that fail every try: the store is taken as gone, and the rest is left to
+``runjob sync`` (each later write would wait through its retries too)."""
+RETRIED_TAG = "runjob.tracking.retried"
+"""How many MLflow writes of the run needed more than one try (set at its end, when any did)."""
+
+# Another process inserted the same row first (two runs logging one dataset at once); the write's
+# transaction was rolled back, and its next try finds the row and succeeds.
+_DUPLICATE = re.compile(
+    r"UNIQUE constraint failed|duplicate key value violates unique constraint|RESOURCE_ALREADY_EXISTS", re.I
+)
+# No answer from the store at all: retried like the rest, then taken as the store being gone.
+_UNREACHABLE = re.compile(
+    r"Connection refused|Max retries exceeded|Failed to establish a new connection|Name or service not known"
+    r"|Read timed out|Connection aborted|RemoteDisconnected|unable to open database file",
+    re.I,
+)
+# MLflow's answers that another try cannot change: the write is skipped, the rest still sent.
+_REFUSED = {"INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "PERMISSION_DENIED", "UNAUTHENTICATED"}
+
+
+def is_duplicate(error: BaseException) -> bool:
+    """Whether ``error`` is a store refusing a row another writer inserted first."""
+    return bool(_DUPLICATE.search(str(error)))
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """Whether ``error`` says the store did not answer (as opposed to refusing the write)."""
+    return isinstance(error, ConnectionError | TimeoutError) or bool(_UNREACHABLE.search(str(error)))
+
+
+def is_refused(error: BaseException) -> bool:
+    """Whether MLflow refused the write for a reason another try cannot change (a bad value)."""
+    return getattr(error, "error_code", None) in _REFUSED and not is_duplicate(error)
+
+
+@dataclass
+class Write:
+    """What became of one MLflow write: ``error`` None when it went (or its row was there already:
+    ``duplicate``); ``tries`` it took."""
+
+    what: str
+    tries: int = 1
+    error: str | None = None
+    unreachable: bool = False
+    duplicate: bool = False
+    exception: Exception | None = field(default=None, repr=False)
+
+
+class Retrying:
+    """MLflow writes tried again after :data:`RETRY_DELAYS_S` when they fail, each retry noted in the
+    run's ``runjob.log``; ``retried`` counts the writes that needed another try."""
+
+    def __init__(self, delays: tuple[float, ...] = RETRY_DELAYS_S, sleep: Callable[[float], Any] = time.sleep) -> None:
+        self.delays, self.sleep = delays, sleep
+        self.retried = 0
+
+    def write(self, call: Callable[[], Any], what: str) -> Write:
+        """Call ``call`` until it succeeds or its tries are spent; never raises an ``Exception``."""
+        from runjob.record.logfile import note
+
+        outcome = Write(what)
+        for wait in (*self.delays, None):
+            try:
+                call()
+                outcome.error = None
+                return outcome
+            except Exception as error:  # noqa: BLE001 - judged below: retried, skipped or the store gone
+                outcome.error, outcome.exception = describe(error)[:500], error
+                outcome.duplicate, outcome.unreachable = is_duplicate(error), is_unreachable(error)
+                if wait is None or is_refused(error) or (outcome.unreachable and outcome.tries >= UNREACHABLE_TRIES):
+                    break
+                if outcome.tries == 1:
+                    self.retried += 1
+                note(f"MLflow write retried (try {outcome.tries + 1} in {wait:g} s): {what}: {outcome.error}")
+                self.sleep(wait)
+                outcome.tries += 1
+        if outcome.duplicate:  # the row is there: what this write was to add is in the store
+            note(f"MLflow write taken as done, its row already there: {what}: {outcome.error}")
+            outcome.error = None
+        return outcome
+
+
+def retried(call: Callable[[], Any], what: str, retrying: Retrying | None = None) -> Any:
+    """``call()``'s result, tried again as :class:`Retrying` does; its last error raised when every
+    try failed (a run's creation at its start, where there is no record in MLflow to go on with)."""
+    result: list[Any] = [None]
+
+    def attempt() -> None:
+        result[0] = call()
+
+    outcome = (retrying or Retrying()).write(attempt, what)
+    if outcome.exception is not None and outcome.error is not None:
+        raise outcome.exception
+    return result[0]
+
+
 class Uploader:
     """One background thread that sends queued MLflow calls in order. Metric points waiting in the
     queue are sent together, in one ``log_batch`` of up to 1,000, at most once every
     ``METRICS_INTERVAL_S`` (logging every step then costs one call a second, not one a step).
-    After the first failure it stops sending (each later call would wait on retries too) and
-    remembers why; the local record holds everything, and ``runjob sync`` sends it later."""
+
+    A call that fails is tried again (:class:`Retrying`); one that fails every try is skipped and
+    remembered (``failure``, ``failed_at``, ``missed``), and the calls after it are still sent. Only a
+    store that stays unreachable (:data:`UNREACHABLE_AFTER` calls in a row, or one that got no answer
+    through all its tries) stops the sending (``stopped``): the local record holds everything, and
+    ``runjob sync`` sends it later."""
 
     METRICS_INTERVAL_S = 1.0
     METRICS_PER_CALL = METRICS_PER_CALL
 
-    def __init__(self, send_metrics: Callable[[list[Any]], Any]) -> None:
+    def __init__(self, send_metrics: Callable[[list[Any]], Any], retrying: Retrying | None = None) -> None:
         self.failure: str | None = None
         self.failed_at: str | None = None
+        self.missed: list[str] = []
+        self.stopped = False
+        self.retrying = retrying or Retrying()
+        self._failed_in_a_row = 0
         self._send_metrics = send_metrics
         self._last_metrics_sent = 0.0
         self._calls: queue.Queue = queue.Queue()
@@ -281,20 +397,31 @@ class Uploader:
             item[0] == "close" for item in list(self._calls.queue)
         )
 
+    @property
+    def retried(self) -> int:
+        """How many calls needed more than one try."""
+        return self.retrying.retried
+
     def _attempt(self, call: Callable[[], Any], what: str) -> None:
-        if self.failure is not None:
+        if self.stopped:
+            self.missed.append(what)
             return
-        try:
-            call()
-        except Exception as error:  # noqa: BLE001 - recorded, reported at the end of the run
-            self.failure = describe(error)[:500]
-            self.failed_at = what
+        outcome = self.retrying.write(call, what)
+        if outcome.error is None:
+            self._failed_in_a_row = 0
+            return
+        self.missed.append(what)
+        if self.failure is None:
+            self.failure, self.failed_at = outcome.error, what
+        self._failed_in_a_row += 1
+        if outcome.unreachable or self._failed_in_a_row >= UNREACHABLE_AFTER:
+            self.stopped = True
 
     def close(self, timeout: float) -> bool:
         """Send what is queued (waiting at most ``timeout`` s); true when it all went."""
         self._calls.put(("close", None, "close"))
         self._thread.join(timeout)
-        return self.failure is None and not self._thread.is_alive()
+        return not self.missed and not self._thread.is_alive()
 
 
 def close_failed_run(output_dir: Path, reason: str) -> None:

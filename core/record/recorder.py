@@ -440,19 +440,24 @@ class MainRecorder(Recorder):
                 or mirror.lost
                 or (f"still sending after {FINAL_UPLOAD_TIMEOUT_S:.0f} s" if ended is None else "not sent")
             )
-            self._give_up(f"{(ended.failed_at if ended is not None else None) or 'upload'}: {reason}")
+            self._give_up(
+                f"{(ended.failed_at if ended is not None else None) or 'upload'}: {reason}",
+                stopped=ended is None or ended.stopped,
+            )
         elif ended.caught_up and self.record.unsynced:  # a resume sent what an earlier run had not
             with self._lock:
                 self.record.unsynced = None
             self._save()
 
-    def _give_up(self, what: str) -> None:
-        """MLflow is missing part of the record: note why, and say how to send it."""
+    def _give_up(self, what: str, stopped: bool = True) -> None:
+        """MLflow is missing part of the record: note why, and say how to send it. ``stopped``: the
+        store stopped answering (else it refused some writes, every try, and took the rest)."""
         self._mirroring = False
         self.record.unsynced = self.record.unsynced or what
         self._save()
+        how = "stopped taking the run's record" if stopped else "did not take part of the run's record"
         print(
-            f"runjob: MLflow at {self.tracking_uri} stopped taking the run's record ({self.record.unsynced}); "
+            f"runjob: MLflow at {self.tracking_uri} {how} ({self.record.unsynced}); "
             f"training went on and the record is complete in {self.output_dir}: upload it with "
             f"`runjob sync {self.output_dir}`",
             flush=True,

@@ -59,3 +59,24 @@ def _run_on_server(client: Any, record: RunRecord, uri: str, output_dir: Path) -
         record.copies[uri] = writer.run_id
     record.write(output_dir)  # before uploading: a failed upload is retried into this run
     return writer
+
+
+def make_whole(output_dir: Path) -> str | None:
+    """After a run's process ended (a sweep's trial): where its MLflow run lacks part of the local
+    record (the run says ``unsynced``) or was left RUNNING though the run ended (its recording process
+    died with the end still queued), upload the record now. Returns None when MLflow has the run
+    whole (or the run records offline), else one line saying what is missing and how to send it."""
+    record = RunRecord.read(output_dir)
+    if record is None or record.offline or not record.run_id or not record.tracking_uri:
+        return None
+    try:
+        if not record.unsynced:
+            if record.status not in FINAL_STATUSES:
+                return None  # still going (resumed later): its own process finishes it
+            if connect(record.tracking_uri).get_run(record.run_id).info.status == record.status:
+                return None
+        sync_record(output_dir, record, record.tracking_uri)
+        return None
+    except Exception as error:  # noqa: BLE001 - said, with the way to send it later
+        reason = record.unsynced or first_line(error) or type(error).__name__
+        return f"its MLflow run is missing part of the record ({reason[:200]}): `runjob sync {output_dir}`"

@@ -25,10 +25,11 @@ from runjob.job.schema import SweepRange, SweepTable
 from runjob.job.validation import ResolvedJob
 from runjob.record.command_run import CommandRun
 from runjob.record.local import RUN_RECORD, read_metric_points
-from runjob.sweep.study import MESSAGE, OUTPUT_DIR, RUN_ID, SweepStudy, job_values
+from runjob.sweep.study import MESSAGE, OUTPUT_DIR, RUN_ID, UNSYNCED, SweepStudy, job_values
 from runjob.sweep.worker import override
 
 TRIALS_FILE = "trials.json"  # every trial's values, state, value and run; in the sweep folder and on the parent run
+UNSYNCED_TAG = "runjob.sweep.unsynced_trials"  # the parent's: trials whose MLflow runs lack part of their record
 STATE_NAMES = {
     "COMPLETE": "finished",
     "PRUNED": "pruned",
@@ -157,6 +158,9 @@ class ParentRun:
                 self.recorded.log_metrics({f"importance/{key}": value for key, value in importances.items()}, 0)
             if error is not None:
                 self.recorded.set_tags({"runjob.error": describe(error)[:5000]})
+            unsynced = unsynced_trials(study)
+            if unsynced:  # trials whose own MLflow runs lack part of their record: named where users look
+                self.recorded.set_tags({UNSYNCED_TAG: " ".join(map(str, unsynced))})
             trials_file = folder / TRIALS_FILE
             trials_file.write_text(json.dumps(trial_rows(study), indent=1) + "\n", encoding="utf-8")
             self.recorded.log_artifact(trials_file)
@@ -204,6 +208,11 @@ def best_trial(study: SweepStudy) -> Any:
     return min(complete, key=lambda t: (sign * t.value, t.number))
 
 
+def unsynced_trials(study: SweepStudy) -> list[int]:
+    """The trials whose MLflow runs lack part of their record even after their workers tried to send it."""
+    return [trial.number for trial in study.trials() if trial.user_attrs.get(UNSYNCED)]
+
+
 def overrides_of(study: SweepStudy, trial: Any) -> list[str]:
     return [override(key, value) for key, value in job_values(study.sweep.parameters, trial.params).items()]
 
@@ -227,6 +236,7 @@ def trial_rows(study: SweepStudy) -> list[dict[str, Any]]:
                 "started": started.isoformat(timespec="seconds") if started else None,
                 "seconds": round((ended - started).total_seconds(), 1) if started and ended else None,
                 "message": trial.user_attrs.get(MESSAGE, ""),
+                "unsynced": trial.user_attrs.get(UNSYNCED),
             }
         )
     return rows

@@ -38,6 +38,7 @@ OUTPUT_DIR = "runjob.output_dir"
 WORKER = "runjob.worker"  # "host pid" of the worker running the trial
 RUN_ID = "runjob.run_id"
 MESSAGE = "runjob.message"
+UNSYNCED = "runjob.unsynced"  # what its MLflow run lacks after the sweep tried to send it, with `runjob sync`
 INTERRUPTED = "runjob.interrupted"  # the trial stopped on a signal; a worker resumes it
 PARENT_ATTR = "runjob.parent_run_id"  # on the study: what a worker joining by storage URL needs
 SWEEP_DIR_ATTR = "runjob.sweep_dir"

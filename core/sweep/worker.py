@@ -28,12 +28,14 @@ from typing import Any
 
 from runjob.errors import RunjobError
 from runjob.record.local import RunRecord, last_values
+from runjob.record.sync import make_whole
 from runjob.sweep.study import (
     INTERRUPTED,
     LOCK_FILE,
     MESSAGE,
     RUN_ID,
     STOPPED,
+    UNSYNCED,
     WORKER,
     Claim,
     FileLock,
@@ -223,6 +225,8 @@ class Outcome:
     run_id: str | None = None
     message: str = ""
     code: int = 0
+    unsynced: str | None = None
+    """What its MLflow run still lacks after the worker tried to send it (``make_whole``)."""
 
 
 @dataclass
@@ -308,6 +312,8 @@ class Worker:
                     child.kill()
                     child.wait()
         outcome = read_outcome(claim, code, signals.signum, study.sweep.metric or "")
+        if outcome.state != "interrupted":  # (an interrupted trial's run goes on when it is resumed)
+            outcome.unsynced = make_whole(claim.output_dir)
         self._record(outcome)
         said = f"{study.sweep.metric} {outcome.value:.4f}" if outcome.value is not None else ""
         print(
@@ -317,6 +323,8 @@ class Worker:
             + (f" (run {outcome.run_id})" if outcome.run_id else ""),
             flush=True,
         )
+        if outcome.unsynced:
+            print(f"{label}: warning: {outcome.unsynced}", flush=True)
         return outcome
 
     def _record(self, outcome: Outcome) -> None:
@@ -324,6 +332,8 @@ class Worker:
         attrs: dict[str, Any] = {MESSAGE: outcome.message}
         if outcome.run_id:
             attrs[RUN_ID] = outcome.run_id
+        if outcome.unsynced:
+            attrs[UNSYNCED] = outcome.unsynced
         if outcome.state == "interrupted":
             attrs[INTERRUPTED] = True  # stays RUNNING: the next worker resumes it
         study.mark(outcome.number, attrs)
