@@ -66,5 +66,22 @@ def add_disable_plugin(parser: argparse.ArgumentParser, dest: str = "disable_plu
     )
 
 
+def add_plugin_argument(parser: argparse.ArgumentParser, dest: str = "plugins") -> None:
+    """``-p PLUGIN``, repeatable, into ``args.<dest>``: a plugin loaded without being installed."""
+    parser.add_argument(
+        "-p",
+        "--plugin",
+        dest=dest,
+        action="append",
+        default=[],
+        metavar="PLUGIN",
+        help=(
+            "also load the plugin PLUGIN, not installed: a module importable from the working directory (my_plugin) "
+            "or a path/to/file.py; for this command and every process it starts; repeatable, added to $RUNJOB_PLUGINS "
+            "(comma-separated)"
+        ),
+    )
+
+
 def add_tracking_uri(parser: argparse.ArgumentParser, default_text: str) -> None:
     parser.add_argument("--tracking-uri", metavar="URI", help=f"MLflow tracking URI (default: {default_text})")

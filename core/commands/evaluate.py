@@ -24,12 +24,14 @@ def add_run_reference(parser: argparse.ArgumentParser) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate run RUN's final weights on its validation (or test) split with the job's task, print
     the metrics and record them as a new MLflow run."""
+    from runjob.commands.run_plugins import require_run_plugins
     from runjob.host.plugin_host import load_plugins
     from runjob.train.trained import evaluate_split, find_run, load_job
 
     host = load_plugins()
     with tempfile.TemporaryDirectory(prefix="runjob-evaluate-") as scratch:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
+        require_run_plugins(run, host, "evaluate")  # its job names what they registered
         job = load_job(run, args.overrides, host)
         metrics = evaluate_split(run, job, args.split)
     print("\n".join(render(["metric", "value"], [[name, f"{value:.6g}"] for name, value in metrics.items()])))

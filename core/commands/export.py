@@ -42,6 +42,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     import torch
     from torch.utils import _pytree as pytree  # torch's walk over nested inputs, as torch.export takes them
 
+    from runjob.commands.run_plugins import require_run_plugins
     from runjob.host.model_build import merge_adapters
     from runjob.host.plugin_host import load_plugins
     from runjob.train.trained import build_trained, find_run, load_data, load_job, sample_batch
@@ -60,6 +61,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             )
     with tempfile.TemporaryDirectory(prefix="runjob-export-") as scratch:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
+        require_run_plugins(run, host, "export")  # its job names what they registered
         if args.format in exporters:  # the model and what the run kept of its data: the data itself need not be here
             has_facts = RunFolder(run.folder).data_facts.is_file()
             return _plugin_export(args, run, load_job(run, [], host, data=not has_facts), exporters[args.format])

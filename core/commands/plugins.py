@@ -1,5 +1,6 @@
-"""``runjob plugins``: every plugin, what it registers, conflicts, warnings, disabled plugins and failures;
-with ``--long``, every component of each kind with its plugin and description."""
+"""``runjob plugins``: every plugin (installed, and local ones given with ``-p``), what it registers,
+conflicts, warnings, disabled plugins and failures; with ``--long``, every component of each kind with
+its plugin and description."""
 
 from __future__ import annotations
 
@@ -32,7 +33,11 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     # the flag's names are in $RUNJOB_DISABLE_PLUGINS too (the CLI put them there): name them as given
     host = load_plugins(disabled_plugins(getattr(args, "disable_plugins", [])))
     for info in host.plugins:
-        print(f"{info.name}  ({info.distribution} {info.version}, {info.module})")
+        if info.local is not None:  # -p: where it was loaded from, and how it was given
+            how = f"-p {info.local.given}" if info.local.kind != "object" else "runjob.run(plugins=[...])"
+            print(f"{info.name}  (local {info.local.where}, {how})")
+        else:
+            print(f"{info.name}  ({info.distribution} {info.version}, {info.module})")
         for kind, names in sorted(info.registers.items()):
             text = f"{BY_NAME[kind].plural}: {', '.join(names)}"
             print(textwrap.fill(text, width=LISTING_WIDTH, initial_indent="    ", subsequent_indent="        "))

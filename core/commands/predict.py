@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import DataError, RunjobError
+from runjob.host.components import Inputs
 from runjob.host.run_folder import RunFolder
 
 FORMATS = (".csv", ".jsonl")
@@ -37,6 +39,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _check_arguments(args)
     if args.input is not None and not args.input.exists():  # said before torch and the model are loaded
         raise DataError(f"--input {args.input}: no such file or folder")
+    from runjob.commands.run_plugins import require_run_plugins
     from runjob.host.plugin_host import load_plugins
     from runjob.host.task import generates
     from runjob.record.prediction import Predictor, saved_predictor
@@ -45,6 +48,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     host = load_plugins()
     with tempfile.TemporaryDirectory(prefix="runjob-predict-") as scratch:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
+        require_run_plugins(run, host, "predict")  # its job names what they registered
         predictor = None if args.overrides else saved_predictor(run.folder)
         # the saved predictor and facts stand in for the data: its files need not be here any more
         job = load_job(
@@ -65,6 +69,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
                 f"--prompt is for a language model; task {job.task.name!r} predicts from --input PATH instead"
             )
         read_inputs = splits.read_inputs if splits is not None else predictor.inputs.dataset
+        reader = splits.inputs if splits is not None else predictor.inputs
+        if isinstance(reader, Inputs) and read_inputs == reader.dataset:  # messages name the run's dataset
+            read_inputs = functools.partial(reader.dataset, dataset_name=job.dataset.name)
         if read_inputs is None:
             raise RunjobError(
                 f"dataset {job.dataset.name!r} cannot read inputs for prediction (its plugin gives no "
@@ -75,6 +82,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
             source = Path(scratch) / "prompt"
             source.write_text(args.prompt, encoding="utf-8")
         inputs = read_inputs(source)
+        for note in getattr(inputs, "notes", ()):  # files of the folder that are not of the dataset's kind
+            print(f"runjob: {note}", file=sys.stderr)
         if len(inputs) == 0:
             raise DataError(f"--input {source}: nothing to predict")
         model = build_model(job, run.model_file, run.folder, splits).to(best_device())

@@ -8,20 +8,34 @@ A plugin can be switched off by its entry-point name (``--disable-plugin NAME`` 
 ``RUNJOB_DISABLE_PLUGINS``): it is then not imported at all. When plugins register one name twice, a
 job may say whose it means with ``plugin:name``; a bare name goes to the built-in (a plugin of the
 ``runjob-train`` distribution) when one of them is, and is an error naming both otherwise.
+
+A plugin need not be installed: ``-p PLUGIN`` (``$RUNJOB_PLUGINS``, ``runjob.run(plugins=[...])``)
+names a module importable from the working directory, a ``path/to/file.py`` or, from Python, any
+object with ``@runjob.hookimpl`` methods. Such local plugins load after the installed ones, under
+the same rules; one that cannot be found or imported is a :class:`LocalPluginError` (the user asked
+for it), raised before anything runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
+import hashlib
+import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import os
 import re
+import sys
+import traceback
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
 
 import pluggy
 
@@ -35,6 +49,16 @@ BUILTIN_DISTRIBUTION = "runjob-train"
 DISABLE_ENVIRONMENT = "RUNJOB_DISABLE_PLUGINS"
 """Entry-point names of plugins not to load, comma-separated (``--disable-plugin`` adds to it)."""
 DISABLE_FLAG = "--disable-plugin"
+PLUGINS_ENVIRONMENT = "RUNJOB_PLUGINS"
+"""Local plugins to load after the installed ones, comma-separated: ``path/to/file.py``, ``MODULE``
+(importable from the working directory) or ``MODULE@DIR`` (importable from DIR); ``-p`` adds to it."""
+PLUGIN_FLAG = "-p"
+LOCAL_DISTRIBUTION = "local"
+"""What ``runjob plugins`` and the ``runjob.plugin.NAME`` tag say for a local plugin's distribution."""
+LOCAL_TAG = "runjob.plugins.local"
+"""The run's tag listing its local plugins (JSON: each one's ``-p`` as given, where it was and its sha256)."""
+LOCAL_FACT = "local_plugin"
+"""Set on every component a local plugin registers: the plugin, for the run's ``job_sources.json``."""
 
 
 @dataclass
@@ -47,6 +71,8 @@ class PluginInfo:
     module: str
     hooks: list[str] = field(default_factory=list)
     registers: dict[str, list[str]] = field(default_factory=dict)
+    local: LocalPlugin | None = None
+    """Set for a plugin given with ``-p`` (or ``plugins=``) rather than installed."""
 
     @property
     def builtin(self) -> bool:
@@ -93,6 +119,51 @@ class UnknownPluginError(RunjobError):
     """A plugin to disable that no installed distribution provides."""
 
 
+class LocalPluginError(RunjobError):
+    """A local plugin (``-p``, ``$RUNJOB_PLUGINS``, ``plugins=``) that cannot be found or imported,
+    or whose name another plugin has; one line naming it as the user gave it."""
+
+
+@dataclass(frozen=True)
+class LocalPlugin:
+    """A plugin loaded without packaging: a module importable from ``directory``, a file at
+    ``path`` (loaded under a module name of its own), or an object of this process."""
+
+    given: str
+    """As the user gave it (``-p my_plugin``, ``tools/extra.py``), or what the object is."""
+    name: str
+    """Its plugin name: the module's name, the file's stem, the object's class name."""
+    kind: Literal["module", "file", "object"]
+    module: str = ""
+    directory: str = ""
+    path: str = ""
+    sha256: str = ""
+    plugin: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def spec(self) -> str:
+        """How ``-p`` and ``$RUNJOB_PLUGINS`` give it from any folder ("" for an object)."""
+        if self.kind == "file":
+            return self.path
+        return f"{self.module}@{self.directory}" if self.kind == "module" else ""
+
+    @property
+    def where(self) -> str:
+        return self.path or ("in-process object" if self.kind == "object" else self.spec)
+
+    @property
+    def label(self) -> str:
+        """``'name (local /path/to/file.py)'`` for messages, as :attr:`PluginInfo.label` says it."""
+        return f"{self.name} ({LOCAL_DISTRIBUTION} {self.where})"
+
+    def record(self) -> dict[str, str]:
+        """What the run's :data:`LOCAL_TAG` keeps of it."""
+        fields: tuple[str, ...] = ("given", "name", "kind", "module", "directory", "path", "sha256")
+        if self.kind == "file":  # its module name is this process's own, not a way to import it
+            fields = ("given", "name", "kind", "path", "sha256")
+        return {key: getattr(self, key) for key in fields if getattr(self, key)}
+
+
 class PluginHost:
     """The plugin manager plus every component registered, by kind and name."""
 
@@ -128,6 +199,8 @@ class PluginHost:
             self._fail(info, self._reason(error))
             return
         info.hooks = sorted(impl_hook for impl_hook in self._hook_names(info.name))
+        if info.local is not None:  # the run's job_sources.json says which components came from it
+            found = [dataclasses.replace(c, facts={**c.facts, LOCAL_FACT: info.local.label}) for c in found]
         self.plugins.append(info)  # before its components: whether it is built-in decides who wins
         for component in found:
             info.registers.setdefault(component.kind, []).append(component.name)
@@ -347,14 +420,17 @@ def disabled_plugins(flagged: Iterable[str] = (), environ: Mapping[str, str] | N
     return disabled
 
 
-def load_plugins(disabled: Mapping[str, str] | None = None) -> PluginHost:
+def load_plugins(disabled: Mapping[str, str] | None = None, local: Sequence[LocalPlugin] | None = None) -> PluginHost:
     """Load every plugin of the ``runjob`` entry-point group, built-in and third-party alike, except
     those in ``disabled`` (entry-point name -> what disabled it, see :func:`disabled_plugins`;
-    by default ``$RUNJOB_DISABLE_PLUGINS``), which are not imported at all.
+    by default ``$RUNJOB_DISABLE_PLUGINS``), which are not imported at all; then the ``local``
+    plugins (default: :func:`local_plugins`, those of ``$RUNJOB_PLUGINS`` and of the running
+    :func:`runjob.run` call).
 
     A third-party registration of a name a built-in has is in ``host.warnings`` and also issued
-    as a :class:`PluginWarning`."""
+    as a :class:`PluginWarning`, as is a local plugin that failed to register."""
     disabled = disabled_plugins() if disabled is None else disabled
+    local = local_plugins() if local is None else local
     host = PluginHost()
     for entry_point in _entry_points():
         dist = entry_point.dist
@@ -373,6 +449,262 @@ def load_plugins(disabled: Mapping[str, str] | None = None) -> PluginHost:
             host._fail(info, f"{type(error).__name__}: {error}")
             continue
         host.add_plugin(plugin, info)
+    for given in local:
+        info = PluginInfo(given.name, LOCAL_DISTRIBUTION, given.where, given.given, local=given)
+        host.add_plugin(given.plugin, info)
     for text in host.warnings:
         warnings.warn(text, PluginWarning, stacklevel=2)
+    for failure in host.failures:  # asked for by the user, so said even when the job needs none of it
+        if failure.distribution == LOCAL_DISTRIBUTION:
+            warnings.warn(
+                f"local plugin {failure.name} ({failure.version}): {failure.error}", PluginWarning, stacklevel=2
+            )
     return host
+
+
+# --- local plugins: -p, $RUNJOB_PLUGINS, runjob.run(plugins=[...]) ----------------------------------
+
+_LOADED: dict[tuple[Any, ...], LocalPlugin] = {}
+"""Every local plugin imported in this process, by what it is: each is imported once, and keeps the
+``-p`` text it was first given with (what the run records)."""
+_IN_PROCESS: list[LocalPlugin] = []
+"""The objects of the :func:`runjob.run` call now running, which no environment variable can carry."""
+_PRIVATE_PREFIX = "runjob_local_"
+"""The module name a file plugin is loaded under starts so: its own, never one a library has."""
+
+
+def local_plugins(
+    given: Iterable[Any] = (),
+    *,
+    label: str = PLUGIN_FLAG,
+    environ: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+) -> list[LocalPlugin]:
+    """The local plugins to load, imported: those of ``$RUNJOB_PLUGINS``, the objects of the
+    :func:`runjob.run` call now running, then ``given`` (``-p`` values, or from Python modules and
+    objects), each once. ``label`` says how ``given`` was given, for messages (``-p``,
+    ``plugins=``). A plugin that cannot be found or imported, or whose name an installed plugin or
+    another local one has, raises :class:`LocalPluginError`."""
+    environ = os.environ if environ is None else environ
+    folder = Path.cwd() if cwd is None else Path(cwd)
+    found: dict[tuple[Any, ...], LocalPlugin] = {}
+    for text in environ.get(PLUGINS_ENVIRONMENT, "").split(","):
+        if text.strip():
+            plugin = _resolve(text.strip(), f"{PLUGINS_ENVIRONMENT}={text.strip()}", folder)
+            found.setdefault(_key(plugin), plugin)
+    for plugin in _IN_PROCESS:
+        found.setdefault(_key(plugin), plugin)
+    for value in given:
+        shown = f"{label} {value}" if label == PLUGIN_FLAG else f"{label}[{value!r}]"
+        plugin = _resolve(value, shown, folder)
+        found.setdefault(_key(plugin), plugin)
+    plugins = list(found.values())
+    if plugins:
+        _check_names(plugins)
+    return plugins
+
+
+@contextlib.contextmanager
+def using_local_plugins(plugins: Sequence[LocalPlugin]) -> Iterator[None]:
+    """While it lasts, ``plugins`` are what every :func:`load_plugins` here loads, and the files
+    and modules among them what every process started meanwhile loads (``$RUNJOB_PLUGINS``)."""
+    global _IN_PROCESS
+    saved, saved_objects = os.environ.get(PLUGINS_ENVIRONMENT), _IN_PROCESS
+    specs = [plugin.spec for plugin in plugins if plugin.kind != "object"]
+    try:
+        if specs:
+            os.environ[PLUGINS_ENVIRONMENT] = ",".join(specs)
+        else:
+            os.environ.pop(PLUGINS_ENVIRONMENT, None)
+        _IN_PROCESS = [plugin for plugin in plugins if plugin.kind == "object"]
+        yield
+    finally:
+        _IN_PROCESS = saved_objects
+        if saved is None:
+            os.environ.pop(PLUGINS_ENVIRONMENT, None)
+        else:
+            os.environ[PLUGINS_ENVIRONMENT] = saved
+
+
+def local_plugin_arguments(plugins: Sequence[LocalPlugin] | None = None) -> list[str]:
+    """``-p SPEC`` for each file and module plugin of ``plugins`` (default: ``$RUNJOB_PLUGINS``),
+    as a command started in any folder (a worker, a resume command) loads them."""
+    if plugins is None:
+        specs = [text.strip() for text in os.environ.get(PLUGINS_ENVIRONMENT, "").split(",") if text.strip()]
+    else:
+        specs = [plugin.spec for plugin in plugins if plugin.kind != "object"]
+    return [part for spec in specs for part in (PLUGIN_FLAG, spec)]
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a plugin's file, as the run's :data:`LOCAL_TAG` records it."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _key(plugin: LocalPlugin) -> tuple[Any, ...]:
+    if plugin.kind == "object":
+        return ("object", id(plugin.plugin))
+    return ("module", plugin.module, plugin.directory) if plugin.kind == "module" else ("file", "", plugin.path)
+
+
+def _check_names(plugins: Sequence[LocalPlugin]) -> None:
+    """A local plugin's name is its own: neither an installed plugin's (``PLUGIN:NAME`` would be
+    ambiguous) nor another local one's."""
+    installed = {ep.name: ep for ep in _entry_points()}
+    seen: dict[str, LocalPlugin] = {}
+
+    def shown(plugin: LocalPlugin) -> str:
+        return plugin.given if plugin.kind == "object" else f"{PLUGIN_FLAG} {plugin.given}"
+
+    for plugin in plugins:
+        entry_point = installed.get(plugin.name)
+        if entry_point is not None:
+            dist = entry_point.dist
+            owner = f"{dist.metadata['Name']} {dist.version}" if dist else entry_point.value
+            thing = {"module": "module", "file": "file"}.get(plugin.kind, "class")
+            raise LocalPluginError(
+                f"{shown(plugin)}: its plugin name {plugin.name!r} is taken by the installed plugin {plugin.name} "
+                f"({owner}); rename the {thing}"
+            )
+        other = seen.setdefault(plugin.name, plugin)
+        if other is not plugin:
+            raise LocalPluginError(
+                f"{shown(other)} and {shown(plugin)}: two local plugins named {plugin.name!r}; rename one of them"
+            )
+
+
+def _resolve(value: Any, where: str, cwd: Path) -> LocalPlugin:
+    """The plugin ``value`` names (a ``-p`` text, a path, a module, an object), imported once per process."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if isinstance(value, str):
+        return _resolve_text(value.strip(), where, cwd)
+    if isinstance(value, ModuleType):
+        return _resolve_module_object(value)
+    if isinstance(value, type):
+        raise LocalPluginError(
+            f"{where}: a class; give an instance of it ({value.__name__}()), whose methods are hooks"
+        )
+    key = ("object", id(value))
+    if key not in _LOADED:
+        name = getattr(value, "__name__", None) or type(value).__name__
+        _LOADED[key] = LocalPlugin(f"<{type(value).__name__} object>", str(name), "object", plugin=value)
+    return _LOADED[key]
+
+
+def _resolve_text(text: str, where: str, cwd: Path) -> LocalPlugin:
+    if text.endswith(".py"):
+        path = (cwd / Path(text).expanduser()).resolve()
+        key: tuple[Any, ...] = ("file", "", str(path))
+        if key not in _LOADED:
+            module = _load_file(path, where)
+            _LOADED[key] = LocalPlugin(
+                text, path.stem, "file", module.__name__, "", str(path), file_sha256(path), module
+            )
+        return _LOADED[key]
+    name, at, folder = text.partition("@")
+    if not name or not all(part.isidentifier() for part in name.split(".")):
+        raise LocalPluginError(
+            f"{where}: neither a module name nor a .py file; give a module importable from {cwd} (my_plugin) or a "
+            "path/to/file.py"
+        )
+    directory = (cwd / folder).resolve() if at else cwd.resolve()
+    key = ("module", name, str(directory))
+    if key not in _LOADED:
+        module = _load_module(name, directory, where)
+        file = getattr(module, "__file__", None) or ""
+        digest = file_sha256(file) if file and Path(file).is_file() else ""
+        _LOADED[key] = LocalPlugin(text, name, "module", name, str(directory), file, digest, module)
+    return _LOADED[key]
+
+
+def _resolve_module_object(module: ModuleType) -> LocalPlugin:
+    """A module given from Python: the same as its ``-p`` (its file, or its name and the folder it
+    is importable from), so other processes can load it; an object of this process otherwise."""
+    for plugin in _LOADED.values():  # a file plugin loaded here before, under its own module name, too
+        if plugin.plugin is module:
+            return plugin
+    name, file = module.__name__, getattr(module, "__file__", None)
+    path = Path(file).resolve() if file else None
+    directory = _importable_from(name, path) if path is not None and name != "__main__" else None
+    if path is None or directory is None:  # a script's own module, or one made in memory: not importable again
+        key: tuple[Any, ...] = ("object", id(module))
+        _LOADED[key] = LocalPlugin(f"<module {name}>", name.rpartition(".")[2], "object", plugin=module)
+    else:
+        key = ("module", name, str(directory))
+        _LOADED[key] = LocalPlugin(name, name, "module", name, str(directory), str(path), file_sha256(path), module)
+    return _LOADED[key]
+
+
+def _importable_from(name: str, file: Path) -> Path | None:
+    """The folder on ``sys.path`` from which module ``name`` (at ``file``) imports, or None."""
+    parts = name.split(".")
+    file = file.resolve()
+    tail = Path(*parts[:-1], parts[-1] + ".py") if file.name != "__init__.py" else Path(*parts, "__init__.py")
+    if file.parts[-len(tail.parts) :] != tail.parts:
+        return None
+    return file.parents[len(tail.parts) - 1]
+
+
+def _load_file(path: Path, where: str) -> ModuleType:
+    """Import the file at ``path`` under a module name of its own, its folder importable (as
+    ``python path/to/file.py`` has it) for what it imports beside it."""
+    if not path.is_file():
+        raise LocalPluginError(f"{where}: no such file ({path})")
+    stem = re.sub(r"\W", "_", path.stem)
+    name = f"{_PRIVATE_PREFIX}{stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise LocalPluginError(f"{where}: cannot be imported as Python ({path})")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before it runs: pydantic and dataclasses look their module up
+    folder = str(path.parent)
+    if folder not in sys.path:
+        sys.path.append(folder)  # after the installed packages: a file beside it never shadows one
+    try:
+        spec.loader.exec_module(module)
+    except (Exception, SystemExit) as error:
+        del sys.modules[name]
+        raise _import_error(where, error, str(path)) from None
+    return module
+
+
+def _load_module(name: str, directory: Path, where: str) -> ModuleType:
+    """Import module ``name`` with ``directory`` first on ``sys.path`` (as ``python -c`` has the
+    working directory), then kept last there, for what it imports later."""
+    folder = str(directory)
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    importlib.invalidate_caches()  # a file written since this process last looked
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name and (name == error.name or name.startswith(error.name + ".")):
+            nearby = [file.stem for file in directory.glob("*.py")]
+            close = difflib.get_close_matches(name, nearby, n=1)
+            hint = (
+                f"; did you mean {close[0]!r}?" if close else "; give a module there (my_plugin) or a path/to/file.py"
+            )
+            raise LocalPluginError(f"{where}: no module named {name!r} importable from {directory}{hint}") from None
+        raise _import_error(where, error, folder) from None
+    except (Exception, SystemExit) as error:
+        raise _import_error(where, error, folder) from None
+    finally:
+        if added:
+            sys.path.remove(folder)
+            sys.path.append(folder)
+
+
+def _import_error(where: str, error: BaseException, own: str) -> LocalPluginError:
+    """One line: the plugin as given, the error, and the file and line it came from (the plugin's
+    own, where the traceback passes through it)."""
+    if isinstance(error, SyntaxError) and error.filename:
+        text, place = f"{type(error).__name__}: {error.msg}", f"{error.filename}:{error.lineno}"
+    else:
+        frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith("<")]
+        inside = [f for f in frames if f.filename.startswith(own) and "-packages" not in f.filename]
+        chosen = inside or frames
+        text = f"{type(error).__name__}: {error}".splitlines()[0]
+        place = f"{chosen[-1].filename}:{chosen[-1].lineno}" if chosen else ""
+    return LocalPluginError(f"{where}: {text} ({place})" if place else f"{where}: {text}")

@@ -24,7 +24,27 @@ def job_sources(job: Any) -> dict[str, dict[str, Any]]:
         else:
             kind = "job file" if origin.file == main_file else "extends"
             sources[key] = {"value": value, "from": kind, "file": str(Path(origin.file).resolve()), "line": origin.line}
+    _name_local_plugins(job, sources)
     return sources
+
+
+def _name_local_plugins(job: Any, sources: dict[str, dict[str, Any]]) -> None:
+    """Each key of a table whose component a local plugin (``-p``) provided says so: ``"plugin":
+    "NAME (local /path/to/file.py)"``, the code that is not in any installed package."""
+    from runjob.host.plugin_host import LOCAL_FACT
+
+    tables = {table: getattr(job, table, None) for table in ("model", "dataset", "optimizer", "scheduler", "strategy")}
+    tables["task"] = getattr(job, "task", None)
+    tables.update({f"callbacks.{name}": chosen for name, chosen in getattr(job, "callbacks", {}).items()})
+    tables.update({f"model.adapters.{name}": chosen for name, chosen in getattr(job, "adapters", {}).items()})
+    for prefix, chosen in tables.items():
+        plugin = chosen.component.facts.get(LOCAL_FACT) if chosen is not None else None
+        if not plugin:
+            continue
+        for key, source in sources.items():
+            adapter = prefix == "model" and key.startswith("model.adapters.")  # the adapter's own plugin
+            if key.startswith(prefix + ".") and not adapter:
+                source["plugin"] = plugin
 
 
 def git_tags(job_file: Path) -> dict[str, str]:
