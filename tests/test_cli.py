@@ -9,6 +9,7 @@ import tomllib
 
 import pytest
 
+from runjob.commands.cli import _with_default_command
 from runjob.testing import clean_env, write_job
 
 HEAVY = ("torch", "torchvision", "mlflow", "accelerate")
@@ -123,3 +124,144 @@ def test_validate_prints_the_plan_on_stderr(runjob_tester):
         in result.stderr
     )
     assert "[launch]\nnum_processes = 4" in result.stdout
+
+
+def test_a_misspelt_command_is_one_line_with_the_closest_command(runjob_tester):
+    runjob_tester.write_job("job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n')
+    result = runjob_tester.cli("swep", "job.toml")
+    assert result.returncode == 2
+    assert result.stderr == (
+        "runjob: swep: no such command; did you mean 'sweep'? Commands: run, validate, doctor, plugins, runs, diff, "
+        "rerun, sync, sweep, evaluate, predict, export\n"
+    )
+    # a job file is still a job without a command: one that is there, or one named *.toml
+    (runjob_tester.path / "swep").write_text('[model]\nname = "resnet18"\n')
+    assert _with_default_command(["swep"]) == ["run", "swep"]
+    assert _with_default_command(["--disable-plugin", "x", "sweep.toml"]) == [
+        "--disable-plugin",
+        "x",
+        "run",
+        "sweep.toml",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("validate", "job.toml", "--sett", "a.b=1"), "runjob: validate: unknown option --sett; did you mean '--set'?"),
+        (("runs", "--limt", "3"), "runjob: runs: unknown option --limt; did you mean '--limit'?"),
+        (
+            ("validate", "job.toml", "--output-dir", "o"),
+            "runjob: validate: unknown option --output-dir; it is an option of run, rerun, sweep",
+        ),
+        (
+            ("--disable-plugn", "x", "validate", "job.toml"),
+            "runjob: unknown option --disable-plugn before the command; did you mean '--disable-plugin'?",
+        ),
+        (("validate",), "runjob: validate: the following arguments are required: job"),
+        (
+            ("run", "job.toml", "--num-processes", "two"),
+            "runjob: run: argument --num-processes: invalid int value: 'two'",
+        ),
+    ],
+)
+def test_argparse_errors_are_one_line_with_the_closest_option(runjob_tester, args, said):
+    runjob_tester.write_job("job.toml", '[model]\nname = "resnet18"\n')
+    result = runjob_tester.cli(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.startswith(said) and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_runs_shows_every_number_to_the_same_significant_digits():
+    """A job value as long as the column (18 characters) was shown in full beside rounded ones."""
+    from types import SimpleNamespace
+
+    from runjob.commands.runs import results_table
+
+    def run(run_id, lr, accuracy):
+        params = {"job.name": "digits", "optimizer.lr": lr, "optimizer.weight_decay": "0.0", "train.batch_size": "32"}
+        metrics = {"val/accuracy": accuracy, "train/loss": 0.25}
+        return SimpleNamespace(
+            info=SimpleNamespace(run_id=run_id), data=SimpleNamespace(params=params, metrics=metrics, tags={})
+        )
+
+    runs = [
+        run("a", "0.8212461922256864", 0.8212461922256864),
+        run("b", "0.0031622776601683794", 0.9),
+        run("c", "0.001", 0.95),
+    ]
+    assert results_table(runs) == [
+        "run id  optimizer.lr  val/accuracy  train/loss",
+        "a       0.8212              0.8212        0.25",
+        "b       0.003162               0.9        0.25",
+        "c       0.001                 0.95        0.25",
+    ]
+
+
+def test_each_shipped_job_has_a_name_of_its_own():
+    """``job.name`` names the MLflow experiment: two jobs sharing one mix their runs in `runjob runs`."""
+    from helpers import REPO
+
+    names: dict[str, list[str]] = {}
+    for path in sorted((REPO / "jobs").glob("*.toml")):
+        job = tomllib.loads(path.read_text(encoding="utf-8"))
+        names.setdefault(job.get("job", {}).get("name", ""), []).append(path.name)
+    assert {name: files for name, files in names.items() if len(files) > 1} == {}
+
+
+CSV_JOB = """
+[task]
+name = "regression"
+[model]
+name = "mlp"
+in_features = 1
+outputs = 1
+[dataset]
+name = "csv"
+path = "rows.csv"
+target = "y"
+{extra}
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "overrides", "blamed"),
+    [
+        ("", ["dataset.val_fraction=0.99"], "--set dataset.val_fraction=0.99: [dataset] csv: "),
+        ("val_fraction = 0.99", [], "job.toml:8: [dataset] csv: "),  # the line of [dataset]'s name
+    ],
+)
+def test_a_mistake_found_as_the_data_loads_names_the_override_that_made_it(runjob_tester, extra, overrides, blamed):
+    """val_fraction = 0.99 of 5 rows leaves no training row: found only when the file is read."""
+    from runjob.errors import RunjobError
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import load_resolved
+
+    (runjob_tester.path / "rows.csv").write_text("x,y\n" + "".join(f"{i},{2 * i}\n" for i in range(5)))
+    job_file = runjob_tester.write_job("job.toml", CSV_JOB.format(extra=extra))
+    job = load_resolved(job_file, overrides, load_plugins())
+    with pytest.raises(RunjobError) as raised:
+        job.dataset.component.factory(job.dataset.options)
+    said = str(raised.value).replace(f"{runjob_tester.path}/", "")
+    assert said.startswith(blamed) and "too few for a training and a validation split" in said, said
+
+
+@pytest.mark.parametrize(
+    ("resume", "said"),
+    [
+        (
+            ["--resume", "job.toml"],
+            "runjob: --resume job.toml: a file, not a checkpoint folder; give a checkpoint folder",
+        ),
+        (["--resume", "nowhere"], "runjob: --resume nowhere: no such folder; give a checkpoint folder"),
+        (["--output-dir", "out", "--resume"], "runjob: --resume: no complete checkpoint in out/checkpoints"),
+    ],
+)
+def test_a_resume_with_nothing_to_resume_is_refused_before_anything_is_said(runjob_tester, resume, said):
+    runjob_tester.write_job("job.toml", '[model]\nname = "resnet18"\n[dataset]\nname = "digits"\n')
+    (runjob_tester.path / "out").mkdir()
+    result = runjob_tester.cli("run", "job.toml", *resume)
+    assert result.returncode == 2
+    assert result.stdout == "", "no `resuming in ...` line"
+    assert result.stderr.startswith(said) and result.stderr.count("\n") == 1, result.stderr

@@ -74,7 +74,7 @@ def test_a_runjob_error_from_a_factory_keeps_its_message_and_gains_the_place(cou
     counted.write_job("job.toml", job("refused"))
     result = counted.cli("job.toml", "--set", "model.refuse=fp8")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr_lines == ["runjob: job.toml:4: [model] counted: cannot use fp8"]
+    assert result.stderr_lines == ["runjob: --set model.refuse=fp8: [model] counted: cannot use fp8"], "the override's"
 
 
 def test_a_failing_callback_factory_names_its_table(tester):

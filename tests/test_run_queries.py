@@ -159,7 +159,7 @@ def test_runs_shows_the_keys_a_sweeps_trials_differ_in_not_those_against_its_par
     assert "lr=0.01 bs=64 · sw" in overview[2] and "lr=0.0031622776601683794 ..." in overview[3], "cut at the end"
     assert results[0].split() == ["run", "id", "optimizer.lr", "train.batch_size", "val/accuracy"]
     rows = {line.split()[0]: line.split()[1:] for line in results[1:]}
-    assert rows[trials[0]] == ["0.00316228", "32", "0.8"], "a long number to 6 significant digits"
+    assert rows[trials[0]] == ["0.003162", "32", "0.8"], "a long number to 4 significant digits, as metrics"
     assert rows[parent] == ["-", "-"]
 
 
@@ -283,7 +283,7 @@ def test_runs_shows_the_swept_keys_first_in_the_sweeps_order_whatever_the_width(
     assert code == 0
     headers, rows, after = _results(out)
     assert headers[:4] == ["train.batch_size", "opt...weight_decay", "optimizer.lr", "model.dropout"], out
-    assert rows[trials[0]][:4] == ["32", "0.0001", "0.00316228", "0.1"]
+    assert rows[trials[0]][:4] == ["32", "0.0001", "0.003162", "0.1"]
     assert rows[other_run][:4] == ["16", "0.0", "0.1", "0.0"] and rows[parent] == ["-"] * 4
     assert "dataset.augment" not in headers and after[0].startswith("1 more job key(s) differ: dataset.augment ")
 

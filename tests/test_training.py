@@ -46,13 +46,13 @@ def test_contract_job_learns_and_leaves_a_complete_record(runjob_tester, digits_
     # one torch thread: the other xdist worker has the other core (a busy machine must not fail it)
     result = runjob_tester.cli_subprocess("job.toml", timeout=850)
     assert result.returncode == 0, result.stderr[-3000:]
-    (out,) = (tmp_path / "runs" / "digits-resnet18").iterdir()
+    (out,) = (tmp_path / "runs" / "digits-png-resnet18").iterdir()
     assert {p.name for p in out.iterdir()} >= {"job.toml", "metrics.jsonl", "model.safetensors"}
     assert "epoch 3/3" in result.stdout
 
-    run = runjob_tester.only_run("digits-resnet18")
+    run = runjob_tester.only_run("digits-png-resnet18")
     assert run.status == "FINISHED"
-    assert run.run_name == f"{out.name} · digits-resnet18", "its folder's name (the time), then the job's"
+    assert run.run_name == f"{out.name} · digits-png-resnet18", "its folder's name (the time), then the job's"
     params = run.params
     assert params["optimizer.lr"] == "0.001" and params["model.name"] == "resnet18"
     assert params["train.epochs"] == "3" and params["dataset.root"] == str(tmp_path / "data" / "digits")
@@ -74,7 +74,7 @@ def test_contract_job_learns_and_leaves_a_complete_record(runjob_tester, digits_
     assert set(record.local_history("val/accuracy")) == set(accuracy)
     assert len(record.local_history("train/loss")) == len(losses)
 
-    assert "job.toml" in run.artifacts() and run.models() == {"digits-resnet18"}, "the weights, named after the job"
+    assert "job.toml" in run.artifacts() and run.models() == {"digits-png-resnet18"}, "the weights, named after the job"
     # the saved weights are the trained model: evaluated independently, they score what was logged
     assert evaluate_saved_weights(out / "model.safetensors", digits_folder / "val") == pytest.approx(
         accuracy[-1][1], abs=1e-6

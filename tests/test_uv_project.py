@@ -1,5 +1,6 @@
 """The README's route for a plugin in one's own uv project: runjob-train is on no package index, so
 the project names it as a path source first, then adds the plugin; `uv run runjob plugins` lists it.
+A run in such a project (no pip in its environment) prints runjob's own lines only.
 
 Offline (UV_OFFLINE=1): uv resolves from its cache. A cache filled only by `uv sync --locked` lacks
 the package index pages a new project's resolution reads (one `uv lock` of such a project online
@@ -8,6 +9,7 @@ fills it); the test is then skipped, with uv's words as the reason."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,35 +78,87 @@ def copy_of_runjob(folder: Path) -> None:
 NOT_CACHED = ("network was disabled", "Network connectivity is disabled")  # uv's words for "not in my cache"
 
 
-def uv(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``uv ARGS`` offline, with this interpreter's Python; skips the test when uv's cache lacks
-    what it needs (said in the skip reason), fails it on any other error."""
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "UV_PROJECT_ENVIRONMENT")}
-    env.update(UV_OFFLINE="1", UV_PYTHON=sys.executable, UV_NO_PROGRESS="1")
-    done = subprocess.run(["uv", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
+def uv(*args: str, cwd: Path, timeout: float = 150, **extra: str) -> subprocess.CompletedProcess:
+    """``uv ARGS`` offline, with this interpreter's Python (``extra``: more variables); skips the
+    test when uv's cache lacks what it needs (said in the skip reason), fails it on any other error."""
+    isolated = ("VIRTUAL_ENV", "PYTHONPATH", "UV_PROJECT_ENVIRONMENT")
+    env = {k: v for k, v in os.environ.items() if k not in isolated and not k.startswith(("MLFLOW_", "RUNJOB_"))}
+    env.update(UV_OFFLINE="1", UV_PYTHON=sys.executable, UV_NO_PROGRESS="1", **extra)
+    done = subprocess.run(["uv", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode and any(words in done.stderr for words in NOT_CACHED):
         pytest.skip(f"uv {' '.join(args)}: uv's cache cannot serve it offline: {' '.join(done.stderr.split())[:400]}")
     assert done.returncode == 0, f"uv {' '.join(args)}: {done.stderr[-3000:]}"
     return done
 
 
-def test_a_plugin_added_to_ones_own_uv_project_is_listed(tmp_path):
+@pytest.fixture(scope="module")
+def own_project(tmp_path_factory) -> Path:
+    """A new uv project with runjob as an editable path source (the README's first step), its
+    environment built: shared by this module's tests, as building it takes a while."""
     if shutil.which("uv") is None:
         pytest.skip("uv is not installed")
-    copy_of_runjob(tmp_path / "runjob")
-    plugin = tmp_path / "my-plugin"
+    folder = tmp_path_factory.mktemp("uv_project")
+    copy_of_runjob(folder / "runjob")
+    project = folder / "my-training"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(PROJECT)
+    uv("add", "--editable", "../runjob", cwd=project)
+    return project
+
+
+def test_a_plugin_added_to_ones_own_uv_project_is_listed(own_project):
+    project = own_project
+    plugin = project.parent / "my-plugin"
     (plugin / "my_plugin").mkdir(parents=True)
     (plugin / "pyproject.toml").write_text(PLUGIN)
     (plugin / "my_plugin" / "__init__.py").write_text(PLUGIN_MODULE)
-    project = tmp_path / "my-training"
-    project.mkdir()
-    (project / "pyproject.toml").write_text(PROJECT)
 
-    # the README's steps, in order
-    uv("add", "--editable", "../runjob", cwd=project)
+    # the README's steps, in order (the first: the fixture's)
     uv("add", "--editable", "../my-plugin", cwd=project)
     text = (project / "pyproject.toml").read_text()
     assert 'runjob-train = { path = "../runjob", editable = true }' in text
     assert 'my-plugin = { path = "../my-plugin", editable = true }' in text, "kept by uv sync: it is in the project"
     listed = uv("run", "runjob", "plugins", cwd=project)
     assert "my_plugin  (my-plugin 0.1.0, my_plugin)" in listed.stdout and "models: my_net" in listed.stdout
+
+
+REGRESSION_JOB = """\
+[job]
+name = "own-project"
+[task]
+name = "regression"
+loss = "mse"
+[model]
+name = "mlp"
+in_features = 3
+hidden = [8]
+outputs = 1
+[dataset]
+name = "csv"
+path = "data.csv"
+target = "target"
+[train]
+epochs = 2
+batch_size = 16
+"""
+
+OWN_LINE = re.compile(r"runjob: |epoch \d+/\d+  step \d+  |epoch \d+/\d+: ")
+"""runjob's lines: its messages, the epoch lines, the progress bar (tests/test_quiet.py)."""
+
+
+@pytest.mark.timeout(420)
+def test_a_run_in_ones_own_uv_project_prints_runjobs_lines_only(own_project):
+    """No pip in a uv project's environment: MLflow's note that it cannot pin pip in the logged
+    model's conda.yaml goes to runjob.log, not the terminal."""
+    project = own_project
+    rows = [f"{i % 7 / 7},{i % 5 / 5},{i % 3 / 3},{i % 7 / 7 + 2 * (i % 5 / 5)}" for i in range(64)]
+    (project / "data.csv").write_text("a,b,c,target\n" + "\n".join(rows) + "\n")
+    (project / "job.toml").write_text(REGRESSION_JOB)
+    no_pip = uv("run", "python", "-c", "import importlib.util; print(importlib.util.find_spec('pip'))", cwd=project)
+    assert no_pip.stdout.strip() == "None", "uv makes environments without pip"
+    ran = uv("run", "runjob", "job.toml", "--output-dir", "out", cwd=project, timeout=400, OMP_NUM_THREADS="1")
+    printed = [line for line in re.split(r"[\r\n]", ran.stdout + ran.stderr) if line.strip()]
+    assert [line for line in printed if not OWN_LINE.match(line)] == [], "runjob's own lines only"
+    assert any(line.startswith("runjob: finished own-project") for line in printed)
+    kept = (project / "out" / "runjob.log").read_text(encoding="utf-8")
+    assert "recording WARNING mlflow.utils.environment: Failed to resolve installed pip version" in kept

@@ -13,7 +13,7 @@ from runjob.testing import write_job
 
 CONTRACT = """
     [job]
-    name = "digits-resnet18"
+    name = "digits-png-resnet18"
     seed = 0
 
     [model]

@@ -14,7 +14,7 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from runjob.commands.table import ELLIPSIS, render, shorten
+from runjob.commands.table import ELLIPSIS, FIGURES, figure, recorded_value, render, shorten
 from runjob.errors import RunjobError
 from runjob.record.naming import SEPARATOR
 from runjob.record.store import all_experiments, get_run, open_store, reading
@@ -46,8 +46,8 @@ def _choose_experiments(experiments: list[Any], name: str | None, uri: str) -> l
     raise RunjobError(f"--experiment {name}: no such experiment at {uri}; {hint}experiments there: {known}")
 
 
-def _number(value: float | None, digits: int = 4) -> str:
-    return "" if value is None else f"{value:.{digits}g}"
+def _number(value: float | None, digits: int = FIGURES) -> str:
+    return figure(value, digits)
 
 
 def _duration(seconds: float) -> str:
@@ -149,14 +149,9 @@ def _run_name_cell(name: str, job_name: str | None) -> str:
 
 
 def _value_cell(text: str) -> str:
-    """A job key's value in a column: a long number to 6 significant digits (a sampled learning
-    rate), anything else cut in the middle."""
-    if len(text) > KEY_COLUMN_WIDTH:
-        try:
-            text = f"{float(text):.6g}"
-        except ValueError:
-            pass
-    return shorten(text, KEY_COLUMN_WIDTH)
+    """A job key's value in a column: a number to the significant digits of the metrics beside it
+    (a sampled learning rate as the run's name says it), anything else cut in the middle."""
+    return shorten(recorded_value(text), KEY_COLUMN_WIDTH)
 
 
 def key_headers(keys: list[str]) -> list[str]:

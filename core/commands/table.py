@@ -2,7 +2,33 @@
 
 from __future__ import annotations
 
+import math
+
 ELLIPSIS = "..."
+FIGURES = 4
+"""Significant digits of the numbers a table shows: as the epoch lines and the run names show them."""
+
+
+def figure(value: float | None, digits: int = FIGURES) -> str:
+    """``value`` to ``digits`` significant digits; ``""`` for ``None`` (nothing recorded)."""
+    return "" if value is None else f"{value:.{digits}g}"
+
+
+def recorded_value(text: str) -> str:
+    """A recorded value (MLflow keeps params as text) as a table shows it: a number with more
+    significant digits than :data:`FIGURES` rounded to them (``0.8212461922256864`` -> ``0.8212``),
+    any other text, a whole number among them, as it was recorded (``0.0``, ``1e-05``, ``32``)."""
+    try:
+        int(text)
+        return text
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    rounded = figure(number)
+    return text if math.isnan(number) or float(rounded) == number else rounded
 
 
 def shorten(text: str, width: int) -> str:

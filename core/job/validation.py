@@ -225,7 +225,19 @@ def _choose(raw: RawJob, host: PluginHost, table: str, problems: list[Problem], 
 
 def _reported(component: Component, table: str, raw: RawJob) -> Component:
     """``component`` whose factory's failure names ``[table]`` and where the job names it (the
-    line of its ``name``, else of its table; a callback on by default and not in the job: the job file)."""
+    line of its ``name``, else of its table; a callback on by default and not in the job: the job file).
+    Where ``--set`` overrides changed the table's keys, those overrides instead, in the order given:
+    a problem found only as the component is built (the data loads) is the job file's as checked
+    without them, so most likely theirs, and a job-file line would send the user to the wrong place."""
+    given = [override_origin(text).file for text in raw.overrides]
+    overrides = {
+        origin.file
+        for key, origin in raw.origins.items()
+        if origin.from_override and (key == table or key.startswith(f"{table}."))
+    }
+    if overrides:
+        order = {text: index for index, text in enumerate(given)}
+        return reported(component, table, ", ".join(sorted(overrides, key=lambda text: order.get(text, len(order)))))
     origin = raw.origin(f"{table}.name") if f"{table}.name" in raw.origins else raw.origin(table)
     where = f"{origin.file}:{origin.line}" if origin.line else origin.file
     return reported(component, table, where)

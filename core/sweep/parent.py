@@ -30,6 +30,7 @@ from runjob.sweep.worker import override
 
 TRIALS_FILE = "trials.json"  # every trial's values, state, value and run; in the sweep folder and on the parent run
 UNSYNCED_TAG = "runjob.sweep.unsynced_trials"  # the parent's: trials whose MLflow runs lack part of their record
+NOTE_TAG = "mlflow.note.content"  # a run's description, which MLflow's UI shows as Markdown
 STATE_NAMES = {
     "COMPLETE": "finished",
     "PRUNED": "pruned",
@@ -146,11 +147,13 @@ class ParentRun:
         best = best_trial(study)
         with warn_if_mlflow_fails("the sweep's results"):
             if best is not None:
+                run_id, settings = str(best.user_attrs.get(RUN_ID, "")), overrides_of(study, best)
                 self.recorded.set_tags(
                     {
                         "runjob.sweep.best_trial": str(best.number),
-                        "runjob.sweep.best_run_id": str(best.user_attrs.get(RUN_ID, "")),
-                        "runjob.sweep.best_params": " ".join(overrides_of(study, best)),
+                        "runjob.sweep.best_run_id": run_id,
+                        "runjob.sweep.best_params": " ".join(settings),
+                        NOTE_TAG: best_trial_note(best.number, run_id, settings, study.sweep.metric, best.value),
                     }
                 )
             importances = param_importances(study)
@@ -173,6 +176,17 @@ class ParentRun:
                 f"complete in {folder}: upload it with `runjob sync {folder}`",
                 file=sys.stderr,
             )
+
+
+def best_trial_note(number: int, run_id: str, settings: list[str], metric: str | None, value: float | None) -> str:
+    """The parent run's description: the best trial, a link to its run. MLflow's UI shows a tag's
+    value as plain text, a run's description as Markdown with its links clickable; the link is the
+    UI's own route to a run by its id (its routes follow ``#``, so the link is relative to wherever
+    the UI is served, whatever address the tracking URI uses)."""
+    trial = f"[trial {number}](#/runs/{run_id})" if run_id else f"trial {number}"
+    said = f", {metric} {value:.4g}" if metric and value is not None else ""
+    given = f": `{' '.join(settings)}`" if settings else ""
+    return f"Best trial: {trial}{said}{given}"
 
 
 def _job_file_text(job: ResolvedJob) -> str:
