@@ -58,7 +58,7 @@ class TrackingError(RunjobError):
 
 
 class Terminated(BaseException):
-    """The process was asked to stop (SIGTERM, Ctrl-C, ``train.stop_signal``): the run ends KILLED
+    """The process was asked to stop (SIGTERM, Ctrl-C, SIGHUP, ``train.stop_signal``): the run ends KILLED
     after writing ``checkpoint`` at ``step``, the exit code is 128 + signal. ``resume_command``: how
     to go on, set on the main process."""
 

@@ -71,6 +71,13 @@ WRAPPER = """
 """
 
 RUN_TIMEOUT = 600
+VENV_BIN = Path(os.path.abspath(sys.executable)).parent
+
+
+def path_without_venv() -> str:
+    """$PATH without the virtual environment's bin folder: a user's shell where it is not active, so
+    a printed command that starts with ``python`` or ``runjob`` would not work there; runjob's does."""
+    return os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if os.path.abspath(p) != str(VENV_BIN))
 
 
 @pytest.fixture
@@ -114,7 +121,8 @@ def ctrl_c_to_the_group(
     return proc.returncode, stdout, stderr
 
 
-def assert_stopped_at_step_10_and_resumes(tester, code: int, stderr: str) -> None:
+def assert_stopped_at_step_10_and_resumes(tester, code: int, stderr: str, started: list[str]) -> None:
+    """... and the command that goes on starts as runjob was ``started`` (the words before its arguments)."""
     out = tester.path / "out"
     assert code == 130, stderr[-3000:]
     assert "runjob: Ctrl-C: writing a checkpoint, then stopping; press Ctrl-C again to stop at once" in stderr
@@ -122,12 +130,12 @@ def assert_stopped_at_step_10_and_resumes(tester, code: int, stderr: str) -> Non
     checkpoint = Path("out", "checkpoints", "step-00000010")
     assert f"runjob: stopped by signal 2 (SIGINT) at step 10 after writing checkpoint {checkpoint}" in stderr
     assert (out / checkpoint.relative_to("out")).is_dir()
-    command = "runjob job.toml --output-dir out --resume --set train.log_every=5"
+    command = f"{shlex.join(started)} job.toml --output-dir out --resume --set train.log_every=5"
     assert f"runjob: to go on: {command}\n" in stderr
     run = tester.record("out")
     assert run.status == "KILLED" and run.tags["runjob.resume_command"] == command
 
-    resumed = tester.cli(*shlex.split(command)[1:])  # as printed, in this process
+    resumed = tester.cli(*shlex.split(command)[len(started) :])  # as printed, in this process
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming step-00000010" in resumed.stdout
     run = tester.record("out")
@@ -139,8 +147,8 @@ def assert_stopped_at_step_10_and_resumes(tester, code: int, stderr: str) -> Non
 def test_ctrl_c_passed_on_again_by_a_wrapper_still_checkpoints_and_the_run_resumes(stops):
     (stops.path / "wrapper.py").write_text(WRAPPER.replace("\n    ", "\n"))
     runjob = [sys.executable, "-m", "runjob", "job.toml", "--output-dir", "out", "--set", "train.log_every=5"]
-    code, _, stderr = ctrl_c_to_the_group(stops, [sys.executable, "wrapper.py", *runjob])
-    assert_stopped_at_step_10_and_resumes(stops, code, stderr)
+    code, _, stderr = ctrl_c_to_the_group(stops, [sys.executable, "wrapper.py", *runjob], PATH=path_without_venv())
+    assert_stopped_at_step_10_and_resumes(stops, code, stderr, runjob[:3])
 
 
 @pytest.mark.e2e
@@ -151,7 +159,7 @@ def test_ctrl_c_under_uv_run_still_checkpoints_and_the_run_resumes(stops):
         pytest.skip("uv is not on PATH")
     command = [uv, "run", "--locked", "--project", str(REPO), "runjob", "job.toml", "--output-dir", "out"]
     code, _, stderr = ctrl_c_to_the_group(stops, [*command, "--set", "train.log_every=5"])
-    assert_stopped_at_step_10_and_resumes(stops, code, stderr)
+    assert_stopped_at_step_10_and_resumes(stops, code, stderr, ["uv", *command[1:6]])  # uv's command, as typed
 
 
 def test_sigterm_says_and_records_the_command_that_goes_on(stops, monkeypatch):
@@ -228,7 +236,7 @@ def test_the_launcher_of_two_processes_takes_a_repeated_ctrl_c_once_and_a_second
     (stops.path / "wrapper.py").write_text(WRAPPER.replace("\n    ", "\n"))
     runjob = [sys.executable, "-m", "runjob", "job.toml", "--output-dir", "out", "--num-processes", "2"]
     command = [sys.executable, "wrapper.py", *runjob]
-    code, _, stderr = ctrl_c_to_the_group(stops, command, again_after=2.5, PAUSE_AFTER="120")
+    code, _, stderr = ctrl_c_to_the_group(stops, command, again_after=2.5, PAUSE_AFTER="120", PATH=path_without_venv())
     left = []
     for process in psutil.process_iter():
         try:
@@ -243,7 +251,7 @@ def test_the_launcher_of_two_processes_takes_a_repeated_ctrl_c_once_and_a_second
     assert stderr.count("press Ctrl-C again") == 1, "said once, by the first worker"
     assert [line for line in stderr.splitlines() if line.startswith("runjob: ")][-2:] == [
         "runjob: stopped at once by a second Ctrl-C; newest complete checkpoint out/checkpoints/step-00000008",
-        "runjob: to go on: runjob job.toml --output-dir out --resume --set launch.num_processes=2",
+        f"runjob: to go on: {shlex.join(runjob[:3])} job.toml --output-dir out --resume --set launch.num_processes=2",
     ]
     assert sorted(p.name for p in (stops.path / "out" / "checkpoints").glob("step-*")) == [
         "step-00000004",
@@ -251,3 +259,4 @@ def test_the_launcher_of_two_processes_takes_a_repeated_ctrl_c_once_and_a_second
     ]
     run = stops.record("out")
     assert run.status == "KILLED" and "Stopped at once by a second Ctrl-C" in run.mlflow.tags["mlflow.note.content"]
+    assert run.tags["runjob.resume_command"].startswith(f"{shlex.join(runjob[:3])} job.toml"), "the workers' too"

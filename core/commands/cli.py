@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import importlib
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from runjob.commands.arguments import (
     add_disable_plugin,
     add_job_arguments,
     add_launch_arguments,
     add_overrides,
+    add_plugin_argument,
     add_tracking_uri,
 )
 from runjob.commands.plugins import add_plugins_arguments
@@ -48,18 +51,56 @@ Train from a declarative TOML job file.
 
   --disable-plugin NAME (before or after the command; repeatable) or RUNJOB_DISABLE_PLUGINS=NAME,...
   leaves a plugin unloaded. A job picks one plugin's component with name = "PLUGIN:NAME".
+  -p PLUGIN (repeatable) or RUNJOB_PLUGINS=PLUGIN,... also loads a plugin that is not installed:
+  a module importable from the working directory, or a path/to/file.py.
 """
+
+
+def _usage_error(message: str) -> NoReturn:
+    """A mistake on the command line: one line ``runjob: ...`` and exit 2, as every runjob error."""
+    print(f"runjob: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with runjob's errors: one line (no usage block) naming the command, exit 2, and the
+    closest option for one it does not know (argparse suggests none before Python 3.14). Its
+    commands' parsers are of this class too (``add_subparsers`` makes them of the parser's type)."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("runjob").strip()
+        _usage_error(f"{command + ': ' if command else ''}{message} (see `{self.prog} --help`)")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self.commands.get(getattr(parsed, "command", None) or "", self)
+            flags = [extra for extra in extras if extra.startswith("-")]
+            if not flags:
+                command.error(f"unrecognized arguments: {' '.join(extras)}")
+            flag = flags[0].split("=", 1)[0]
+            options = [name for action in command._actions for name in action.option_strings if name.startswith("--")]
+            elsewhere = [name for name, parser in self.commands.items() if flag in parser._option_string_actions]
+            where = f"; it is an option of {', '.join(elsewhere)}" if elsewhere else _did_you_mean(flag, options)
+            command.error(f"unknown option {flag}{where}")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
     from runjob import __version__
 
-    parser = argparse.ArgumentParser(
-        prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = _Parser(prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"runjob {__version__}")
     # its own dest: a subcommand's defaults would overwrite what was given before the command
     add_disable_plugin(parser, dest="disable_plugins_first")
+    add_plugin_argument(parser, dest="plugins_first")
     commands = parser.add_subparsers(dest="command", metavar="{" + ",".join(COMMANDS) + "}")
 
     run = commands.add_parser(
@@ -211,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_trained_model_commands(commands, uri_default)
     for name in LOADING_PLUGINS:
         add_disable_plugin(commands.choices[name])
+        add_plugin_argument(commands.choices[name])
+    parser.commands = commands.choices
     return parser
 
 
@@ -311,13 +354,35 @@ def _command(name: str):
     return getattr(module, f"cmd_{name}")
 
 
+BEFORE_COMMAND = ("--disable-plugin", "--plugin", "--help", "--version")
+"""The options ``runjob`` takes before the command (and ``-h``)."""
+
+
 def _with_default_command(argv: list[str]) -> list[str]:
     """``argv`` with ``run`` put before a job file given without a command (after any
-    ``--disable-plugin NAME`` in front)."""
+    ``--disable-plugin NAME`` or ``-p PLUGIN`` in front). A first word close to a command's name that names no job
+    file (none is there, and it does not end in .toml) is a misspelt command, and an unknown option
+    before the command a misspelt one: each a one-line error saying the closest name."""
     start = 0
-    while start < len(argv) and argv[start].startswith("--disable-plugin"):
+    while start < len(argv) and argv[start].startswith("-") and argv[start] != "-h":
+        flag = argv[start].split("=", 1)[0]
+        if flag.startswith("-p") and not flag.startswith("--"):  # -p PLUGIN, or -pPLUGIN in one word
+            start += 1 if len(flag) > 2 or "=" in argv[start] else 2
+            continue
+        known = [name for name in BEFORE_COMMAND if name.startswith(flag)]  # argparse takes a unique prefix
+        if known not in (["--disable-plugin"], ["--plugin"]):
+            if known or flag == "--":
+                return argv  # --help, --version: argparse answers them
+            _usage_error(
+                f"unknown option {flag} before the command{_did_you_mean(flag, BEFORE_COMMAND)} (a command's "
+                "options go after it: see `runjob COMMAND --help`)"
+            )
         start += 1 if "=" in argv[start] else 2
     if start < len(argv) and argv[start] not in COMMANDS and not argv[start].startswith("-"):
+        word = argv[start]
+        close = difflib.get_close_matches(word, COMMANDS, n=1)
+        if close and not word.endswith(".toml") and not Path(word).exists():
+            _usage_error(f"{word}: no such command; did you mean {close[0]!r}? Commands: {', '.join(COMMANDS)}")
         return [*argv[:start], "run", *argv[start:]]
     return argv
 
@@ -326,14 +391,18 @@ def _with_default_command(argv: list[str]) -> list[str]:
 def _plugin_settings(args: argparse.Namespace) -> Iterator[None]:
     """While the command runs: the ``--disable-plugin`` names in ``$RUNJOB_DISABLE_PLUGINS``, so
     every load of plugins, here and in the processes the command starts (launched workers, sweep
-    trials), leaves them out; and each plugin warning printed once as ``runjob: warning: ...``."""
+    trials), leaves them out; the ``-p`` plugins, imported here (one that cannot be is refused
+    before anything runs), in ``$RUNJOB_PLUGINS`` as every process loads them from any folder; and
+    each plugin warning printed once as ``runjob: warning: ...``."""
     args.disable_plugins = [*args.disable_plugins_first, *getattr(args, "disable_plugins", [])]
+    args.plugins = [*args.plugins_first, *getattr(args, "plugins", [])]
     if args.command not in LOADING_PLUGINS:
         yield
         return
-    from runjob.host.plugin_host import DISABLE_ENVIRONMENT, PluginWarning, disabled_plugins
+    from runjob.host.plugin_host import DISABLE_ENVIRONMENT, PLUGINS_ENVIRONMENT, PluginWarning, disabled_plugins
 
-    saved = {name: os.environ.get(name) for name in (DISABLE_ENVIRONMENT, WARNED_ENVIRONMENT)}
+    names = (DISABLE_ENVIRONMENT, PLUGINS_ENVIRONMENT, WARNED_ENVIRONMENT)
+    saved = {name: os.environ.get(name) for name in names}
     quiet = args.command in SHOWING_WARNINGS or WARNED_ENVIRONMENT in os.environ
     shown: set[str] = set()
     print_warning = warnings.showwarning
@@ -348,6 +417,11 @@ def _plugin_settings(args: argparse.Namespace) -> Iterator[None]:
     try:
         if args.disable_plugins:  # an unknown name is refused here, before anything runs
             os.environ[DISABLE_ENVIRONMENT] = ",".join(disabled_plugins(args.disable_plugins))
+        if args.plugins or os.environ.get(PLUGINS_ENVIRONMENT):
+            from runjob.host.plugin_host import local_plugins
+
+            local = local_plugins(args.plugins)
+            os.environ[PLUGINS_ENVIRONMENT] = ",".join(plugin.spec for plugin in local)
         os.environ[WARNED_ENVIRONMENT] = "1"
         with warnings.catch_warnings():
             warnings.simplefilter("always", PluginWarning)
@@ -362,7 +436,16 @@ def _plugin_settings(args: argparse.Namespace) -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``runjob`` command; returns the exit code."""
+    """Entry point of the ``runjob`` command; returns the exit code. Its output may meet a reader
+    that has gone (``| tee`` ended by the same Ctrl-C, a closed SSH session): that never changes
+    how the command ends (:mod:`runjob.record.terminal`)."""
+    from runjob.record.terminal import guarded
+
+    with guarded():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     argv = _with_default_command(list(sys.argv[1:] if argv is None else argv))
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -507,11 +507,20 @@ def _finish(study: Any, parent: Any, started: float, signals: Any, code: int | N
     parent.finish(study, status, error)
     print_summary(study, started, stopped)
     if stopped:
-        print(f"runjob: the sweep stopped; continue it with `runjob sweep {_job_said(study)} --resume {study.folder}`")
+        print(
+            f"runjob: the sweep stopped; continue it with `{_sweep_said()} {_job_said(study)} --resume {study.folder}`"
+        )
         raise Terminated(signals.signum)
     if status == "FAILED" and (code == USER_MISTAKE_EXIT or study.stopped()):
         return USER_MISTAKE_EXIT
     return 0 if status == "FINISHED" else 1
+
+
+def _sweep_said() -> str:
+    """``runjob sweep``, started as this command was (``uv run runjob sweep``...), for pasting."""
+    from runjob.record.invocation import command_prefix
+
+    return shlex.join([*command_prefix(), "sweep"])
 
 
 def _job_said(study: Any) -> str:
@@ -563,7 +572,7 @@ def print_summary(study: Any, started: float, stopped: bool = False) -> None:
             print(f"runjob: warning: trial {row['trial']}: {row['unsynced']}")
     if counts["interrupted"] and not stopped:  # a stopped sweep says how to go on anyway
         print(
-            f"runjob: {counts['interrupted']} trial(s) interrupted: `runjob sweep {_job_said(study)} --resume "
+            f"runjob: {counts['interrupted']} trial(s) interrupted: `{_sweep_said()} {_job_said(study)} --resume "
             f"{study.folder}` resumes them"
         )
     sys.stdout.flush()

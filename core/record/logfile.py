@@ -1,12 +1,12 @@
 """``OUTPUT_DIR/runjob.log``: what the libraries under a run say, kept out of the terminal.
 
 A run's terminal holds runjob's own lines (``runjob: ...``, the epoch lines, the progress bar).
-MLflow, its database migrations (alembic), SQLAlchemy, Accelerate and urllib3 talk through Python
-``logging``; while a run lasts, their records go to the run's log file instead of their own
-handlers, in the training processes and in the recording process alike. Of those records, a warning
-or error is also printed unless it is on :data:`HARMLESS`, the short list of messages known to be
-harmless here, each with the reason; their INFO chatter (MLflow creating its database, Accelerate
-saving state) goes to the file only. ``warnings.warn`` is treated the same way: a warning on
+MLflow, its database migrations (alembic), SQLAlchemy, Accelerate, urllib3 and torchrun talk through
+Python ``logging``; while a run lasts, their records go to the run's log file instead of their own
+handlers, in the training processes, the recording process and the launcher of several alike. Of
+those records, a warning or error is also printed unless it is on :data:`HARMLESS`, the short list
+of messages known to be harmless here, each with the reason; their INFO chatter (MLflow creating
+its database, Accelerate saving state) goes to the file only. ``warnings.warn`` is treated the same way: a warning on
 :data:`HARMLESS_WARNINGS` goes to the file only, any other is kept in the file and printed as
 Python prints it. So nothing that may be a real problem is hidden, and everything is in the file.
 
@@ -34,6 +34,9 @@ LIBRARIES = {
     "huey": logging.WARNING,  # likewise
     "accelerate": logging.INFO,
     "urllib3": logging.INFO,
+    # torchrun (runjob.train.launcher runs its code in runjob's process): its banners and notes
+    "torch.distributed.run": logging.WARNING,
+    "torch.distributed.elastic": logging.WARNING,
 }
 """The loggers taken over while a run lasts, and the level kept at least (a more verbose level set
 by the user, e.g. ``MLFLOW_LOGGING_LEVEL=DEBUG``, stays)."""
@@ -43,6 +46,17 @@ HARMLESS = [
     # once, as safetensors requires; building the model ties them again when the weights are loaded
     # (checkpoints, model.safetensors, best/), which the tests of resume and init_from check.
     ("accelerate", re.compile(r"Removed shared tensor")),
+    # In an environment without pip (a uv project's), MLflow cannot pin pip in the model's
+    # conda.yaml and python_env.yaml and names it unpinned; pip's version does not change what the
+    # model needs, which its requirements.txt pins (runjob.record.model_logging).
+    ("mlflow.utils.environment", re.compile(r"Failed to resolve installed pip version")),
+    # torchrun gives each of several workers on a machine one thread when OMP_NUM_THREADS is not
+    # set; runjob's own line starting the workers says so (runjob.train.launcher.launch_workers).
+    ("torch.distributed.run", re.compile(r"Setting OMP_NUM_THREADS environment variable")),
+    # MLflow logs a sqlite store's "database is locked" (another run writing) as an error before it
+    # raises it; runjob tries the write again (runjob.record.mlflow_writer.Retrying, each retry in
+    # this file) and says so on the terminal only when every try failed.
+    ("mlflow.store.db.utils", re.compile(r"SQLAlchemy database error")),
 ]
 """Library log records at WARNING or above that are not printed: (logger prefix, message pattern)."""
 
@@ -160,6 +174,24 @@ class LibraryLog:
 
 
 _active: LibraryLog | None = None
+
+
+def note(what: str) -> None:
+    """``what`` into the run's log file only (an MLflow write retried), not the terminal."""
+    if _active is not None:
+        _active.keep(logging.LogRecord("runjob", logging.INFO, __file__, 0, what, None, None))
+
+
+def keep_printed(stream: str, line: str) -> None:
+    """``line``, printed to ``stream`` (``stdout``, ``stderr``) once nobody reads it (its pipe
+    closed: :mod:`runjob.record.terminal`), into the run's log file instead. Where no run's log is
+    open (a command that is no run: ``runjob predict | head``), a few are held, not all."""
+    if _active is not None and (_active.path is not None or len(_active._held) < HELD_PRINTED):
+        _active.keep(logging.LogRecord(stream, logging.INFO, __file__, 0, line, None, None))
+
+
+HELD_PRINTED = 1000
+"""Lines printed to a gone terminal held for a log file not open yet, at most."""
 
 
 def keep_traceback(what: str, error: BaseException) -> None:

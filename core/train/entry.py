@@ -11,6 +11,7 @@ and Accelerate's process-wide state it found.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from runjob.host.plugin_host import PluginHost
+    from runjob.host.plugin_host import LocalPlugin, PluginHost
     from runjob.job.validation import ResolvedJob
     from runjob.train.request import Recording, Resume
 
@@ -49,6 +50,7 @@ def run(
     job: ResolvedJob | None = None,
     disabled_plugins: Mapping[str, str] | None = None,
     recording: Recording | None = None,
+    plugins: Sequence[Any] = (),
 ) -> RunOutcome:
     """Train the job in ``job_file`` with ``overrides`` (``"table.key=value"`` texts, applied in
     order); see the module docstring.
@@ -62,9 +64,48 @@ def run(
     names not to load (name -> what left it out; default ``$RUNJOB_DISABLE_PLUGINS``).
     ``recording``: where the MLflow recording runs, ``"process"`` or ``"thread"``; by default a
     process, or a thread where this process has imported MLflow already (a notebook, a test).
+    ``plugins``: plugins for this run only, loaded after the installed ones (as ``-p`` loads them):
+    a module, a module name importable from the working directory or a ``path/to/file.py``, which
+    every process of the run loads too, or any object with ``@runjob.hookimpl`` methods (a
+    notebook's class instance), which only this process has: the run records in a thread, and a job
+    of several processes is refused. One that cannot be imported raises :class:`runjob.RunjobError`.
     """
+    from runjob.host.plugin_host import local_plugins, using_local_plugins
+
+    local = local_plugins(plugins, label="plugins=")  # with $RUNJOB_PLUGINS' (-p): imported before anything runs
+    with using_local_plugins(local):  # for every load of plugins of the run, in this process and the ones it starts
+        return _run(
+            job_file,
+            overrides,
+            output_dir=output_dir,
+            resume=resume,
+            tags=tags,
+            tracking_uri=tracking_uri,
+            host=host,
+            job=job,
+            disabled_plugins=disabled_plugins,
+            recording=recording,
+            local=local,
+        )
+
+
+def _run(
+    job_file: str | Path,
+    overrides: Sequence[str],
+    *,
+    output_dir: str | Path | None,
+    resume: str | Path | bool | None,
+    tags: Mapping[str, str] | None,
+    tracking_uri: str | None,
+    host: PluginHost | None,
+    job: ResolvedJob | None,
+    disabled_plugins: Mapping[str, str] | None,
+    recording: Recording | None,
+    local: Sequence[LocalPlugin],
+) -> RunOutcome:
+    """:func:`run`, its ``local`` plugins imported and in place."""
+    from runjob.host.plugin_host import LOCAL_TAG, load_plugins
     from runjob.host.plugin_host import disabled_plugins as default_disabled
-    from runjob.host.plugin_host import load_plugins
     from runjob.job.schema import sweep_note
     from runjob.job.validation import load_resolved
     from runjob.record.local import run_id_in
@@ -74,9 +115,12 @@ def run(
     job_file = Path(job_file)
     disabled = dict(default_disabled() if disabled_plugins is None else disabled_plugins)
     tags = dict(tags or {})
+    if local:  # as the main process was given them (a worker gets this tag from it)
+        tags.setdefault(LOCAL_TAG, json.dumps([plugin.record() for plugin in local]))
     host = host or load_plugins(disabled)
     adopt_slurm_environment()
     job = job or load_resolved(job_file, list(overrides), host)
+    recording = _in_process_only(job, local, recording)
     asked = Resume.parse(resume, job.train.resume)
     worker = is_worker()
     folder = output_folder(job.job.name, Path(output_dir) if output_dir is not None else None, asked, worker)
@@ -91,7 +135,7 @@ def run(
             print(f"runjob: {sweep_note('this trains the base job as written')}", file=sys.stderr)
         print(first_line(job, folder, asked), flush=True)
         if launch.num_processes > 1 or launch.num_machines > 1:
-            arguments = run_arguments(job_file, overrides, folder, asked, tags, tracking_uri, disabled)
+            arguments = run_arguments(job_file, overrides, folder, asked, tags, tracking_uri, disabled, local)
             going_on = (job_file, list(overrides), tracking_uri)  # said if the workers are stopped
             code = launch_workers(launch, arguments, folder, job.train.stop_signal, going_on)
             return RunOutcome(code, folder, run_id_in(folder))
@@ -100,9 +144,44 @@ def run(
     return run_job(request, host)
 
 
+def _in_process_only(job: ResolvedJob, local: Sequence[LocalPlugin], recording: Recording | None) -> Recording | None:
+    """Where the run records, given its local plugins: an object of this process (not a module with
+    a file) reaches no other process, so the recording is a thread, and a job of several processes
+    is refused, saying how to give the plugin instead."""
+    from runjob.errors import RunjobError
+
+    objects = [plugin.given for plugin in local if plugin.kind == "object"]
+    if not objects:
+        return recording
+    fix = "put it in a file and pass its path: plugins=['my_plugin.py'] (runjob run -p my_plugin.py)"
+    launch = job.launch
+    if launch.num_processes > 1 or launch.num_machines > 1:
+        raise RunjobError(
+            f"plugins=[{', '.join(objects)}]: an object of this process cannot reach the job's other processes "
+            f"(launch.num_processes = {launch.num_processes}, launch.num_machines = {launch.num_machines}); {fix}"
+        )
+    if recording == "process":
+        raise RunjobError(
+            f"plugins=[{', '.join(objects)}]: recording='process' cannot load an object of this process; {fix}"
+        )
+    return "thread"
+
+
 def first_line(job: ResolvedJob, output_dir: Path, resume: Resume) -> str:
     """What the run will do and where its output goes: said before torch is imported (the time
-    to the first line is the time to validate the job, well under a second)."""
+    to the first line is the time to validate the job, well under a second). A ``--resume`` that
+    names no checkpoint to continue from is refused first, so nothing is said of resuming."""
+    from runjob.errors import RunjobError
+    from runjob.train.checkpoints import complete_checkpoints, find_checkpoint
+
+    if resume.mode == "checkpoint" and resume.checkpoint is not None and not resume.checkpoint.is_dir():
+        what = "a file, not a checkpoint folder" if resume.checkpoint.is_file() else "no such folder"
+        raise RunjobError(
+            f"--resume {resume.checkpoint}: {what}; give a checkpoint folder (OUTPUT_DIR/checkpoints/step-NNNNNNNN), "
+            "or --resume alone to continue the run in --output-dir from its newest checkpoint"
+        )
+    if resume.mode in ("newest", "checkpoint"):
+        find_checkpoint(output_dir, resume.checkpoint)  # not a complete checkpoint, or none in the folder
     train = job.train
     length = " or ".join(
         part
@@ -112,8 +191,6 @@ def first_line(job: ResolvedJob, output_dir: Path, resume: Resume) -> str:
         )
         if part
     )  # whichever ends first
-    from runjob.train.checkpoints import complete_checkpoints
-
     if resume.mode == "auto" and not complete_checkpoints(output_dir):
         where = f"starting afresh in {output_dir}"  # --resume auto with nothing to resume yet
     else:
@@ -129,15 +206,20 @@ def run_arguments(
     tags: Mapping[str, str] | None = None,
     tracking_uri: str | None = None,
     disabled_plugins: Mapping[str, str] | None = None,
+    plugins: Sequence[LocalPlugin] | None = None,
 ) -> list[str]:
     """``run JOB --output-dir ... --set ... --tag ...``: the arguments of ``runjob`` that make a
-    process of its own call :func:`run` with these values (launched workers, sweep trials)."""
+    process of its own call :func:`run` with these values (launched workers, sweep trials); the
+    local ``plugins`` (default ``$RUNJOB_PLUGINS``) as ``-p`` that loads them from any folder."""
+    from runjob.host.plugin_host import local_plugin_arguments
+
     arguments = ["run", str(job_file)]
     if output_dir is not None:
         arguments += ["--output-dir", str(output_dir)]
     if resume:
         arguments += resume.argument
     arguments += [part for name in disabled_plugins or {} for part in ("--disable-plugin", name)]
+    arguments += local_plugin_arguments(plugins)
     arguments += [part for override in overrides for part in ("--set", override)]
     arguments += [part for key, value in (tags or {}).items() for part in ("--tag", f"{key}={value}")]
     if tracking_uri:
@@ -154,23 +236,29 @@ def resume_command(
     afresh: bool = False,
     redacted: bool = False,
     disabled: Iterable[str] | None = None,
+    plugins: Sequence[LocalPlugin] | None = None,
 ) -> str:
-    """The ``runjob`` command, quoted to be pasted into a shell, that continues the run in
-    ``output_dir`` from its newest complete checkpoint, with the run's ``--set`` overrides, its
+    """The ``runjob`` command, started as this process was (``uv run runjob``, ``python -m
+    runjob``...: :mod:`runjob.record.invocation`) and quoted to be pasted into a shell, that
+    continues the run in ``output_dir`` from its newest complete checkpoint, with the run's ``--set`` overrides, its
     ``--tracking-uri`` and the plugins it left out. ``afresh``: there is no checkpoint, so
     ``--resume auto``, which starts the run again in that folder (the attempt kept aside).
     ``redacted``: secrets hidden, for the record (then it cannot be pasted as it is). ``disabled``:
-    the plugins the run left out (default ``$RUNJOB_DISABLE_PLUGINS``)."""
-    from runjob.host.plugin_host import DISABLE_ENVIRONMENT
+    the plugins the run left out (default ``$RUNJOB_DISABLE_PLUGINS``); ``plugins``: its local
+    plugins, as ``-p`` that loads them from any folder (default ``$RUNJOB_PLUGINS``)."""
+    from runjob.host.plugin_host import DISABLE_ENVIRONMENT, local_plugin_arguments
     from runjob.job.redaction import redact_override, redact_text
+    from runjob.record.invocation import command_prefix
 
-    words = ["runjob", str(job_file), "--output-dir", str(output_dir), "--resume", *(["auto"] if afresh else [])]
+    start = [redact_text(word) if redacted else word for word in command_prefix()]  # uv run runjob, python -m runjob
+    words = [*start, str(job_file), "--output-dir", str(output_dir), "--resume", *(["auto"] if afresh else [])]
     words += [part for override in overrides for part in ("--set", redact_override(override) if redacted else override)]
     if tracking_uri:
         words += ["--tracking-uri", redact_text(tracking_uri) if redacted else tracking_uri]
     if disabled is None:
         disabled = [name for name in os.environ.get(DISABLE_ENVIRONMENT, "").split(",") if name.strip()]
     words += [part for name in disabled for part in ("--disable-plugin", name.strip())]
+    words += local_plugin_arguments(plugins)
     return shlex.join(words)
 
 

@@ -9,12 +9,16 @@ were launched from the environment torchrun sets (``WORLD_SIZE``), as they do un
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError
+from runjob.record.invocation import ENVIRONMENT as COMMAND_ENVIRONMENT
+from runjob.record.invocation import command_prefix
+from runjob.record.logfile import LibraryLog
 from runjob.record.mlflow_writer import close_failed_run
 from runjob.record.store import environment
 
@@ -105,7 +109,7 @@ def launch_workers(
 ) -> int:
     """Start the workers and wait; returns 0, or the exit code of the first worker that failed.
 
-    A stop signal sent to this process (SIGTERM from a scheduler, Ctrl-C, ``stop_signal``) reaches
+    A stop signal sent to this process (SIGTERM from a scheduler, Ctrl-C, SIGHUP, ``stop_signal``) reaches
     the workers through torchrun, which gives them time to write a checkpoint; the exit code is then
     128 + signal, and the last lines say the newest checkpoint and how to go on (``going_on``: the
     job file, overrides and tracking URI for :func:`runjob.train.entry.resume_command`).
@@ -121,21 +125,30 @@ def launch_workers(
     from runjob.train.stopping import StopSignals
 
     arguments = torchrun_arguments(launch, run_arguments)
+    # torchrun gives each of several workers one thread when OMP_NUM_THREADS is not set, and says so
+    # in a banner that goes to runjob.log with its other log records: said here in runjob's words
+    threads = ""
+    if "OMP_NUM_THREADS" not in os.environ and launch.processes_per_machine > 1:
+        threads = ", 1 thread each: set OMP_NUM_THREADS for more"
     print(
         f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of "
-        f"{launch.num_machines} (torch.distributed.run)",
+        f"{launch.num_machines} (torch.distributed.run{threads})",
         file=sys.stderr,
     )
-    ours = [signal.SIGTERM, signal.SIGINT, *([getattr(signal, stop_signal)] if stop_signal else [])]
+    ours = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, *([getattr(signal, stop_signal)] if stop_signal else [])]
 
     def shut_down(signum: int) -> None:  # torchrun's own way: it sends the signal to every worker and waits
         raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
     theirs = (os.environ.get(TORCHRUN_SIGNALS) or "SIGTERM,SIGINT,SIGHUP,SIGQUIT").split(",")
-    left = ",".join(s for s in theirs if s.strip() not in {x.name for x in ours}) or "SIGHUP"
+    left = ",".join(s for s in theirs if s.strip() not in {x.name for x in ours}) or "SIGQUIT"
+    # the workers' printed commands start as this one was started (uv run, python -m, a full path)
+    settings = {TORCHRUN_SIGNALS: left, TORCHRUN_SIGNALS_SET: left, COMMAND_ENVIRONMENT: shlex.join(command_prefix())}
     listener = StopSignals(ours, shut_down, on_again=_interrupt_workers)
     try:  # torchrun copies the option into TORCHRUN_SIGNALS_SET: both are put back after
-        with environment({TORCHRUN_SIGNALS: left, TORCHRUN_SIGNALS_SET: left}), listener:
+        with environment(settings), listener, LibraryLog("launcher") as log:
+            if output_dir is not None:  # torchrun's log records (its OMP_NUM_THREADS banner) go to runjob.log
+                log.open_in(output_dir)
             run(parse_args(arguments))
     except SignalException as stopped:
         _say_stopped(stopped.sigval, listener.again, output_dir, going_on)

@@ -646,7 +646,7 @@ def _auto_resume(accelerator: Any, output_dir: Path) -> bool:
 
 
 def _listen_for_stop(stop: StopRequest, extra_signal: str | None) -> StopSignals:
-    """SIGTERM, SIGINT and ``train.stop_signal`` ask the loop to stop after a checkpoint; a second
+    """SIGTERM, SIGINT, SIGHUP and ``train.stop_signal`` ask the loop to stop after a checkpoint; a second
     Ctrl-C stops at once (one passed on again by a wrapper such as ``uv run`` is the same Ctrl-C:
     :mod:`runjob.train.stopping`). The main process says so when the first arrives."""
 
@@ -698,6 +698,8 @@ def _how_to_go_on(
         note = recorder.record.tags.get(NOTE, "") if recorder.active else ""
         going_on = f"{how} To {'go on' if checkpoint else 'start again'}: `{recorded}`"
         recorder.set_tags({"runjob.resume_command": recorded, NOTE: f"{note}\n\n{going_on}" if note else going_on})
+        for line in stopped.said() if isinstance(stopped, (Terminated, Interrupted)) else []:
+            logfile.note(line)  # in runjob.log too: the terminal's reader may be gone, and what it was shown with it
         return stopped
     except Exception as failure:  # noqa: BLE001 - saying how to go on must not hide the stop itself
         print(f"runjob: cannot say how to go on: {describe(failure)}", file=sys.stderr)
@@ -705,7 +707,9 @@ def _how_to_go_on(
 
 
 def _stop_signals(extra_signal: str | None) -> list[int]:
-    return [getattr(signal, name) for name in ("SIGTERM", "SIGINT", *([extra_signal] if extra_signal else []))]
+    # SIGHUP: the terminal went away (a closed SSH session); the run stops as for SIGTERM
+    names = ("SIGTERM", "SIGINT", "SIGHUP", *([extra_signal] if extra_signal else []))
+    return [getattr(signal, name) for name in names]
 
 
 # Passing an FSDP or DeepSpeed plugin to the Accelerator writes these into os.environ.

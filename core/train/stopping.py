@@ -1,5 +1,6 @@
-"""Stop signals: SIGTERM, SIGINT (Ctrl-C) and ``train.stop_signal`` ask for a checkpoint and a stop;
-a second Ctrl-C stops at once.
+"""Stop signals: SIGTERM, SIGINT (Ctrl-C), SIGHUP (the terminal went away: a closed SSH session) and
+``train.stop_signal`` ask for a checkpoint and a stop; a second Ctrl-C stops at once. What is said
+meanwhile may meet a terminal nobody reads any more: :mod:`runjob.record.terminal` makes that harmless.
 
 One Ctrl-C can reach a process twice. The terminal sends SIGINT to its whole foreground process
 group, and a wrapper in that group may pass it on to its child as well: ``uv run`` does so 0.2 s
