@@ -89,11 +89,16 @@ def stops(tester):
 
 
 def ctrl_c_to_the_group(
-    tester, command: list[str], again_after: float | None = None, timeout: float = RUN_TIMEOUT, **env: str
+    tester,
+    command: list[str],
+    again_after: float | None = None,
+    timeout: float = RUN_TIMEOUT,
+    signum: int = signal.SIGINT,
+    **env: str,
 ) -> tuple[int, str, str]:
     """Start ``command`` in a process group of its own, wait until the run pauses at step 10, send
-    SIGINT to the whole group (as a terminal does; again ``again_after`` seconds later) and wait for
-    the end."""
+    SIGINT (or ``signum``) to the whole group (as a terminal does; again ``again_after`` seconds
+    later) and wait for the end."""
     proc = subprocess.Popen(
         command,
         cwd=tester.path,
@@ -109,7 +114,7 @@ def ctrl_c_to_the_group(
             assert proc.poll() is None, f"the run ended before step 10:\n{proc.communicate()[1][-3000:]}"
             assert time.monotonic() < deadline, "the run did not reach step 10"
             time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signum)
         if again_after is not None:
             time.sleep(again_after)
             os.killpg(proc.pid, signal.SIGINT)
@@ -260,3 +265,20 @@ def test_the_launcher_of_two_processes_takes_a_repeated_ctrl_c_once_and_a_second
     run = stops.record("out")
     assert run.status == "KILLED" and "Stopped at once by a second Ctrl-C" in run.mlflow.tags["mlflow.note.content"]
     assert run.tags["runjob.resume_command"].startswith(f"{shlex.join(runjob[:3])} job.toml"), "the workers' too"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_sent_to_the_whole_group_leaves_dataloader_workers_alive_until_the_checkpoint(stops, signum):
+    """Slurm's and Kubernetes' SIGTERM, a closed terminal's SIGHUP, reach every process of the group,
+    DataLoader workers included: the run still checkpoints and ends KILLED, not FAILED on a dead worker."""
+    loaded = ("dataset.name=synthetic", "dataset.in_memory=false", "dataset.num_train=1408", "dataset.num_val=64")
+    sets = [part for value in (*loaded, "dataset.num_workers=1") for part in ("--set", value)]
+    command = [sys.executable, "-m", "runjob", "job.toml", "--output-dir", "out", *sets]
+    code, _, stderr = ctrl_c_to_the_group(stops, command, signum=signum, PAUSE_AFTER="0.5")
+    assert code == 128 + signum, stderr[-3000:]
+    assert "is killed by signal" not in stderr
+    run = stops.record("out")
+    assert run.status == "KILLED" and "DataLoader" not in run.tags.get("runjob.error", "")
+    assert (stops.path / "out" / "checkpoints" / "step-00000010").is_dir()

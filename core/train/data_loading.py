@@ -124,6 +124,18 @@ def _check_in_memory_loader(job: Any) -> None:
         )
 
 
+def leave_stops_to_training(worker_id: int) -> None:
+    """In each DataLoader worker: SIGINT, SIGTERM and SIGHUP are the training process's to handle.
+    They reach the whole process group (a terminal's Ctrl-C, Slurm's or Kubernetes' SIGTERM, a closed
+    SSH session's hang-up), and a worker killed by one makes the training process fail on its next
+    batch ("DataLoader worker ... is killed by signal") instead of writing its checkpoint and stopping.
+    A worker still ends with the training process: PyTorch's workers watch it and exit when it is gone."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any, Any, Any]:
     """Training (shuffled, seeded), validation and test (in order, every sample once) DataLoaders;
     the test loader is None when the dataset has no test split."""
@@ -150,6 +162,7 @@ def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any
     loader = job.loader
     common = {
         "num_workers": loader.num_workers,
+        "worker_init_fn": leave_stops_to_training if loader.num_workers else None,
         "pin_memory": pins_memory(job, accelerator.device.type == "cuda"),
         "persistent_workers": loader.persistent_workers,
         "prefetch_factor": loader.prefetch_factor,
