@@ -74,7 +74,7 @@ def runjob_after_step(run, step, epoch, loss):
     tester.write_job("job.toml", SMALL_DIGITS.format(name="cut") + "max_steps = 12\nlog_every = 1\n")
     result = tester.cli_subprocess("job.toml", "--output-dir", "out", timeout=240)
     assert result.returncode == 0, "training goes on: " + result.stderr[-2000:]
-    assert "stopped taking the run's record" in result.stdout and "runjob sync out" in result.stdout
+    assert "stopped taking the run's record" in result.stdout and " -m runjob sync out`" in result.stdout
     record = tester.record(tester.path / "out").record
     assert record["status"] == "FINISHED" and record["unsynced"]
 

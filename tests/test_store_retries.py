@@ -83,12 +83,12 @@ def test_a_write_mlflow_refuses_for_good_is_skipped_and_the_rest_still_sent():
 
 
 def test_only_a_store_that_stays_unreachable_stops_the_sending():
-    from runjob.record.mlflow_writer import UNREACHABLE_AFTER, Uploader
+    from runjob.record.mlflow_writer import UNREACHABLE_AFTER, UNREACHABLE_TRIES, Uploader
 
     calls: list[str] = []
     gone = ConnectionError("[Errno 111] Connection refused")
     uploader = Uploader(lambda points: None, no_wait())
-    uploader.submit(failing(3, gone, calls, "tags"), "tags")  # back after three tries: a restart
+    uploader.submit(failing(UNREACHABLE_TRIES - 1, gone, calls, "tags"), "tags")  # back on its last try: a restart
     uploader.submit(failing(99, gone, calls, "never"), "metrics of step 5")
     uploader.submit(lambda: calls.append("never"), "the run's end")
     assert not uploader.close(timeout=30)

@@ -8,6 +8,7 @@ import contextlib
 import difflib
 import importlib
 import os
+import shlex
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -435,6 +436,27 @@ def _plugin_settings(args: argparse.Namespace) -> Iterator[None]:
                 os.environ[name] = value
 
 
+STARTING_PROCESSES = ("run", "rerun", "sweep")
+"""The commands whose processes (launched workers, sweep workers and trials) print commands to paste."""
+
+
+@contextlib.contextmanager
+def _started_as(command: str) -> Iterator[None]:
+    """While a command that starts processes runs: how the user started runjob, in
+    ``$RUNJOB_COMMAND`` for those processes, so the commands they print (a trial's resume, `runjob
+    sync`) start as the user's did (``uv run runjob``), not as runjob started them."""
+    from runjob.record.invocation import ENVIRONMENT, command_prefix
+
+    if command not in STARTING_PROCESSES or os.environ.get(ENVIRONMENT):
+        yield
+        return
+    os.environ[ENVIRONMENT] = shlex.join(command_prefix())
+    try:
+        yield
+    finally:
+        os.environ.pop(ENVIRONMENT, None)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``runjob`` command; returns the exit code. Its output may meet a reader
     that has gone (``| tee`` ended by the same Ctrl-C, a closed SSH session): that never changes
@@ -458,7 +480,7 @@ def _main(argv: list[str] | None) -> int:
     try:
         # the libraries' INFO chatter (MLflow creating a new store's tables) is not the user's: a run
         # keeps it in its runjob.log; other commands drop it (their warnings are still printed)
-        with _plugin_settings(args), LibraryLog("command"):
+        with _plugin_settings(args), _started_as(args.command), LibraryLog("command"):
             return _command(args.command)(args)
     except RunjobError as error:
         _print_problems(user_message(error))

@@ -55,6 +55,11 @@ def command_prefix() -> list[str]:
     return detect(own, sys.argv[1:], _ancestors(), os.environ)
 
 
+def pasteable(*words: str | os.PathLike[str]) -> str:
+    """``runjob WORDS`` started as this process was (``uv run runjob sync DIR``...), quoted for a shell."""
+    return shlex.join([*command_prefix(), *map(str, words)])
+
+
 def detect(
     own: Sequence[str],
     arguments: Sequence[str],

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import TrackingError, describe
+from runjob.record.invocation import pasteable
 from runjob.record.local import RunRecord, now_ms, read_metric_points
 from runjob.record.messages import Point
 from runjob.record.model_logging import MODEL_FOLDER
@@ -461,7 +462,7 @@ def _close_run(output_dir: Path, status: str, tags: dict[str, str], if_open: dic
     except Exception as error:  # noqa: BLE001 - the local record has it; sync sends it later
         print(
             f"runjob: could not mark MLflow run {record.run_id} {status} ({describe(error)}); "
-            f"`runjob sync {output_dir}` sends what the local record says",
+            f"`{pasteable('sync', output_dir)}` sends what the local record says",
             file=sys.stderr,
         )
     return record.run_id

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Literal
 from runjob.errors import TrackingError, describe
 from runjob.host.run_folder import RunFolder
 from runjob.record import messages
+from runjob.record.invocation import pasteable
 from runjob.record.local import METRICS_FILE, MetricsWriter, RunRecord, now_ms
 from runjob.record.messages import Recording
 from runjob.record.model_logging import MODEL_FOLDER
@@ -459,7 +460,7 @@ class MainRecorder(Recorder):
         print(
             f"runjob: MLflow at {self.tracking_uri} {how} ({self.record.unsynced}); "
             f"training went on and the record is complete in {self.output_dir}: upload it with "
-            f"`runjob sync {self.output_dir}`",
+            f"`{pasteable('sync', self.output_dir)}`",
             flush=True,
         )
 

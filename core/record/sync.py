@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import RunjobError, first_line
+from runjob.record.invocation import pasteable
 from runjob.record.local import RunRecord, now_ms
 from runjob.record.mlflow_writer import FINAL_STATUSES, RunWriter, connect
 
@@ -79,4 +80,4 @@ def make_whole(output_dir: Path) -> str | None:
         return None
     except Exception as error:  # noqa: BLE001 - said, with the way to send it later
         reason = record.unsynced or first_line(error) or type(error).__name__
-        return f"its MLflow run is missing part of the record ({reason[:200]}): `runjob sync {output_dir}`"
+        return f"its MLflow run is missing part of the record ({reason[:200]}): `{pasteable('sync', output_dir)}`"

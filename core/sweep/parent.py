@@ -24,6 +24,7 @@ from runjob.job.redaction import redact_text
 from runjob.job.schema import SweepRange, SweepTable
 from runjob.job.validation import ResolvedJob
 from runjob.record.command_run import CommandRun
+from runjob.record.invocation import pasteable
 from runjob.record.local import RUN_RECORD, read_metric_points
 from runjob.sweep.study import MESSAGE, OUTPUT_DIR, RUN_ID, UNSYNCED, SweepStudy, job_values
 from runjob.sweep.worker import override
@@ -173,7 +174,7 @@ class ParentRun:
         if not self.recorded.online:
             print(
                 f"runjob: warning: MLflow did not take the sweep's parent run ({self.recorded.failure}); its record is "
-                f"complete in {folder}: upload it with `runjob sync {folder}`",
+                f"complete in {folder}: upload it with `{pasteable('sync', folder)}`",
                 file=sys.stderr,
             )
 

@@ -46,6 +46,7 @@ from runjob.host.task import Task, declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
 from runjob.job.validation import ResolvedJob
 from runjob.record import logfile
+from runjob.record.invocation import pasteable
 from runjob.record.logfile import LibraryLog
 from runjob.record.naming import recorded_params, run_name
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
@@ -436,11 +437,13 @@ def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: Train
         models.append(f"{model.name}{about} {output_dir / model.weights}")
     lines.append("runjob: models: " + "; ".join(models))
     if job.tracking.offline or recorder.run_id is None:
-        lines.append(f"runjob: recorded offline in {output_dir}: `runjob sync {output_dir}` uploads it to MLflow")
+        sync = pasteable("sync", output_dir)
+        lines.append(f"runjob: recorded offline in {output_dir}: `{sync}` uploads it to MLflow")
         return lines
     uri = recorder.tracking_uri or ""
     experiment = recorder.record.experiment
-    look = f"runjob runs --experiment {shlex.quote(experiment)}"
+    runs = pasteable("runs")
+    look = f"{runs} --experiment {shlex.quote(experiment)}"
     if uri.startswith(("http://", "https://")):
         experiment_id = recorder.experiment_id
         page = f"/#/experiments/{experiment_id}/runs/{recorder.run_id}" if experiment_id else ""
@@ -448,7 +451,7 @@ def _summary(job: ResolvedJob, recorder: Recorder, output_dir: Path, loop: Train
     else:
         look += f"; mlflow ui --backend-store-uri {uri}"
     if uri != recorder.default_tracking_uri:
-        look = look.replace("runjob runs ", f"runjob runs --tracking-uri {uri} ", 1)
+        look = look.replace(f"{runs} ", f"{runs} --tracking-uri {shlex.quote(uri)} ", 1)
     model = f"; its model: runs:/{recorder.run_id}/{job.job.name}" if job.tracking.log_model != "none" else ""
     lines.append(f"runjob: MLflow run {recorder.run_id} ({experiment}){model}; look at it: {look}")
     return lines
