@@ -283,8 +283,9 @@ def test_text_is_told_from_binary_by_content(data, text, tmp_path):
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory, empty_mlflow_db):
-    """A finished one-epoch byte-level GPT run on a few text files (text_files), in a test world
-    shared by the module."""
+    """A finished two-step byte-level GPT run on a few text files (text_files), in a test world
+    shared by the module; its MLflow model is logged as by default, so predict reads the inputs with
+    the run's saved predictor, as it does for a user's run."""
     tester = RunjobTester(tmp_path_factory.mktemp("input-kinds"), empty_mlflow_db)
     tester._setup()
     try:
@@ -292,9 +293,9 @@ def text_run(tmp_path_factory, empty_mlflow_db):
         corpus.mkdir()
         for i in range(10):
             (corpus / f"{i}.txt").write_bytes((f"file {i}: the quick brown fox jumps. " * 5).encode()[:130])
-        tester.write_job("job.toml", TINY_GPT.format(name="input-kinds") + "\n[train]\nepochs = 1\nbatch_size = 8\n")
+        tester.write_job("job.toml", TINY_GPT.format(name="input-kinds") + "\n[train]\nmax_steps = 2\nbatch_size = 8\n")
         run = tester.run("job.toml", output_dir="runs/text")
-        assert run.status == "FINISHED"
+        assert run.status == "FINISHED" and "prediction.pkl" in run.files
         yield tester, run
     finally:
         tester._teardown()

@@ -24,8 +24,6 @@ from runjob.train.entry import resume_command, run_arguments
 pytestmark = pytest.mark.timeout(600)
 
 PLAIN_TASK = """
-    import torch.nn.functional as F
-
     import runjob
 
 
@@ -36,6 +34,10 @@ PLAIN_TASK = """
 
     class Plain(runjob.Task):
         def loss(self, outputs, batch):
+            # imported here, as a plugin may: a process that only reads the job (validate, the recording
+            # process building the MLflow model) then needs no torch
+            import torch.nn.functional as F
+
             return F.cross_entropy(outputs, self.targets(batch))
 
         def evaluate(self, outputs, batch):
