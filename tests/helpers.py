@@ -1,9 +1,20 @@
 """Test data only runjob's own tests need (the kit, runjob.testing, has the rest): job texts, fake
-CIFAR-10 files. A module of its own, not conftest.py: the example plugin's tests, collected in the
-same session, have a conftest.py too, and only one module can be called ``conftest``."""
+CIFAR-10 files, a run's metric points on both sides, a private PostgreSQL server and an `mlflow
+server` over it (benchmarks/load_test.py uses these too). A module of its own, not conftest.py:
+the example plugin's tests, collected in the same session, have a conftest.py too, and only one
+module can be called ``conftest``."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,3 +94,164 @@ def installed_plugin_tags():
     from runjob.host.plugin_host import load_plugins
 
     return {f"runjob.plugin.{plugin.name}" for plugin in load_plugins().plugins if not plugin.builtin}
+
+
+def local_points(out: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every metric point of the run's local record in folder ``out`` (all machines' files), by key."""
+    import json
+
+    points: dict[str, list[tuple[int, float]]] = {}
+    for path in out.glob("metrics*.jsonl"):
+        for line in path.read_text().splitlines():
+            point = json.loads(line)
+            points.setdefault(point["key"], []).append((point["step"], point["value"]))
+    return {key: sorted(values) for key, values in points.items()}
+
+
+def server_points(run, keys) -> dict[str, list[tuple[int, float]]]:
+    """Every point MLflow holds of each metric in ``keys`` of ``run`` (a runjob.testing.MlflowRun),
+    by key, in the order of local_points: the two are equal when MLflow has the whole record."""
+    return {key: sorted(run.history(key)) for key in keys}
+
+
+# ---------------------------------------------------------------------------------------------
+# A private PostgreSQL server (MLflow's backend store, an Optuna storage), for the tests and
+# benchmarks/load_test.py
+
+
+def postgres_bin() -> Path | None:
+    """The programs folder of the newest PostgreSQL installed as Debian installs it
+    (``/usr/lib/postgresql/N/bin``), or None where there is none."""
+    found = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/initdb") if p.parts[-3].isdigit()]
+    return max(found, key=lambda folder: int(folder.parts[-2]), default=None)
+
+
+NO_POSTGRES = (
+    "PostgreSQL is not installed here (no /usr/lib/postgresql/*/bin/initdb); "
+    ".ci/run installs it (apt-get install postgresql)"
+)
+
+
+@contextlib.contextmanager
+def running_postgres(
+    databases: Sequence[str] = (), *, durable: bool = False, start_timeout: float = 60
+) -> Iterator[str]:
+    """A private PostgreSQL server on 127.0.0.1 (a free port), its cluster in a new temporary
+    folder, the user ``runjob`` let in without a password; yields its URL,
+    ``postgresql://runjob@127.0.0.1:PORT`` (add ``/DATABASE``), once it takes connections and
+    ``databases`` exist; stops it and removes the folder on exit.
+
+    PostgreSQL refuses to run as root: as root (CI), the folder is handed to the ``postgres``
+    system user (Debian's package creates it) and initdb and the server run as that user.
+    ``durable=False`` turns off fsync and synchronous commit: a test's data is thrown away, and the
+    flushes cost it seconds; a benchmark asks for ``durable=True``, as a real server runs."""
+    import psycopg
+
+    from runjob.testing import free_port
+
+    programs = postgres_bin()
+    if programs is None:
+        raise RuntimeError(NO_POSTGRES)
+    as_user = "postgres" if os.geteuid() == 0 else None
+    folder = Path(tempfile.mkdtemp(prefix="runjob-postgres-"))
+    log_path = folder / "server.log"
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        if as_user:
+            shutil.chown(folder, as_user)
+        initdb = [programs / "initdb", "-D", folder / "data", "-U", "runjob", "--auth=trust", "-E", "UTF8"]
+        initdb += ["--locale=C"] + ([] if durable else ["--no-sync"])
+        with log_path.open("ab") as log:
+            subprocess.run(
+                initdb,
+                cwd=folder,
+                user=as_user,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                check=True,
+                timeout=start_timeout,
+            )
+        port = free_port()
+        settings = {"listen_addresses": "127.0.0.1", "unix_socket_directories": "", "max_connections": "200"}
+        if not durable:
+            settings.update(fsync="off", synchronous_commit="off", full_page_writes="off")
+        command = [programs / "postgres", "-D", folder / "data", "-p", str(port)]
+        command += [part for key, value in settings.items() for part in ("-c", f"{key}={value}")]
+        with log_path.open("ab") as log:  # a file, not a pipe: a full pipe would stall the server
+            server = subprocess.Popen(
+                command, cwd=folder, user=as_user, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        url = f"postgresql://runjob@127.0.0.1:{port}"
+        deadline = time.monotonic() + start_timeout
+        while True:
+            try:
+                connection = psycopg.connect(f"{url}/postgres", connect_timeout=2, autocommit=True)
+                break
+            except psycopg.OperationalError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"PostgreSQL did not start: {log_path.read_text(errors='replace')[-2000:]}"
+                    ) from None
+                time.sleep(0.1)
+        try:
+            for name in databases:  # autocommit: CREATE DATABASE cannot run inside a transaction
+                connection.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            connection.close()
+        yield url
+    finally:
+        if server is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(server.pid, signal.SIGQUIT)  # immediate shutdown: the data is thrown away
+            try:
+                server.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_mlflow_server_on(backend_store_uri: str, folder: Path, *, start_timeout: float = 180) -> Iterator[str]:
+    """A real ``mlflow server`` on 127.0.0.1 (a free port) over the backend store
+    ``backend_store_uri`` (a ``postgresql://`` URL; MLflow creates its tables on the first start,
+    which takes longer than a copied sqlite store), artifacts and ``server.log`` in ``folder``;
+    yields its URL once ``/health`` answers, stops it on exit. For a sqlite store,
+    ``runjob.testing.running_mlflow_server`` starts from an initialised copy."""
+    import urllib.request
+
+    from runjob.testing import ISOLATED_PREFIXES, free_port
+
+    folder.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    command += ["--backend-store-uri", backend_store_uri, "--artifacts-destination", str(folder / "artifacts")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(ISOLATED_PREFIXES)}
+    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # as running_mlflow_server: no job-runner pool
+    log_path = folder / "server.log"
+    with log_path.open("ab") as log:
+        server = subprocess.Popen(
+            command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {log_path.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.25)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()

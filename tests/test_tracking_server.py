@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import RESNET18_DIGITS, SMALL_DIGITS, installed_plugin_tags, uploaded_best
+from helpers import RESNET18_DIGITS, SMALL_DIGITS, installed_plugin_tags, local_points, server_points, uploaded_best
 
 from runjob.testing import MlflowRun, free_port, running_mlflow_server
 
@@ -31,24 +31,10 @@ def git(repo: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
-def local_points(out: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every metric point of the run's local record (all machines' files), by key."""
-    points: dict[str, list[tuple[int, float]]] = {}
-    for path in out.glob("metrics*.jsonl"):
-        for line in path.read_text().splitlines():
-            point = json.loads(line)
-            points.setdefault(point["key"], []).append((point["step"], point["value"]))
-    return {key: sorted(values) for key, values in points.items()}
-
-
 def logged_losses(out: Path) -> int:
     """train/loss lines written so far (read while the run writes)."""
     path = out / "metrics.jsonl"
     return path.read_text().count('"train/loss"') if path.exists() else 0
-
-
-def server_points(run: MlflowRun, keys) -> dict[str, list[tuple[int, float]]]:
-    return {key: sorted(run.history(key)) for key in keys}
 
 
 def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
@@ -239,7 +225,7 @@ def test_server_lost_mid_run_training_goes_on_and_sync_restores_every_point(test
     gate.touch()  # the server is gone; training must carry on to the end
     stdout, stderr = proc.communicate(timeout=RUN_TIMEOUT)
     assert proc.returncode == 0, stderr[-3000:]
-    assert "upload it with `runjob sync out`" in stdout
+    assert "upload it with `" in stdout and " -m runjob sync out`" in stdout, "runjob sync, as runjob was started"
     record = tester.record(out)
     assert record.record["status"] == "FINISHED" and record.record["unsynced"]
 

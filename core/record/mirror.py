@@ -254,7 +254,10 @@ class _Recording:
             self.reply(messages.Started(self.start.run_id, uri, None, default))
             return True
         try:
-            self.writer = _open_run(first, uri)
+            from runjob.record.mlflow_writer import Retrying
+
+            retrying = Retrying()  # one count of retried writes, from the run's creation to its end
+            self.writer = _open_run(first, uri, retrying)
             experiment = self.writer.experiment_id()
         except TrackingError as error:
             self.reply(messages.Refused(str(error)))
@@ -265,7 +268,9 @@ class _Recording:
         from runjob.record.mlflow_writer import Uploader, metric_entities
 
         writer = self.writer
-        self.uploader = Uploader(lambda points: writer.client.log_batch(writer.run_id, metrics=metric_entities(points)))
+        self.uploader = Uploader(
+            lambda points: writer.client.log_batch(writer.run_id, metrics=metric_entities(points)), retrying
+        )
         if self.start is not None and self.start.run_id is None:  # a new run: its headline metrics first
             from runjob.record.naming import HeadlineFirst, headline_metrics
 
@@ -398,7 +403,7 @@ class _Recording:
         )
 
 
-def _open_run(first: messages.Start | messages.Join, uri: str) -> Any:
+def _open_run(first: messages.Start | messages.Join, uri: str, retrying: Any = None) -> Any:
     """Create the run with its tags and params (or reopen a resumed one, or take the one another
     machine's main process made); returns its :class:`runjob.record.mlflow_writer.RunWriter`."""
     from runjob.record.mlflow_writer import RunWriter, connect, retried
@@ -409,16 +414,15 @@ def _open_run(first: messages.Start | messages.Join, uri: str) -> Any:
     # each write tried again while the store is busy (another run's write holding a sqlite store)
     if first.run_id is None:
         create = RunWriter.create
-        writer = retried(
-            lambda: create(client, first.experiment, first.run_name, first.tags, first.start_time), "the run's creation"
-        )
+        made = lambda: create(client, first.experiment, first.run_name, first.tags, first.start_time)  # noqa: E731
+        writer = retried(made, "the run's creation", retrying)
     else:
         writer = RunWriter(client, first.run_id)
-        retried(writer.reopen, "the run's reopening")
+        retried(writer.reopen, "the run's reopening", retrying)
     try:
-        retried(lambda: writer.tags(first.tags), "tags")
+        retried(lambda: writer.tags(first.tags), "tags", retrying)
         if first.log_params:  # a resumed run logged its params when it began; changes are in the tags
-            retried(lambda: writer.params(first.params), "params")
+            retried(lambda: writer.params(first.params), "params", retrying)
     except Exception:
         try:
             writer.terminate("FAILED")
