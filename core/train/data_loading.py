@@ -8,6 +8,7 @@ gathered, cropped, flipped and normalized there as whole tensors.
 
 from __future__ import annotations
 
+import os
 import zlib
 from array import array
 from typing import Any
@@ -125,15 +126,15 @@ def _check_in_memory_loader(job: Any) -> None:
 
 
 def leave_stops_to_training(worker_id: int) -> None:
-    """In each DataLoader worker: SIGINT, SIGTERM and SIGHUP are the training process's to handle.
-    They reach the whole process group (a terminal's Ctrl-C, Slurm's or Kubernetes' SIGTERM, a closed
-    SSH session's hang-up), and a worker killed by one makes the training process fail on its next
-    batch ("DataLoader worker ... is killed by signal") instead of writing its checkpoint and stopping.
-    A worker still ends with the training process: PyTorch's workers watch it and exit when it is gone."""
-    import signal
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
+    """Each DataLoader worker in a process group of its own: the signals sent to the training
+    process's group (a terminal's Ctrl-C, a closed SSH session's SIGHUP, ``kill -TERM -PGID`` as
+    Slurm signals a task) are the training process's to handle. A worker killed by one made the
+    training process fail on its next batch ("DataLoader worker ... is killed by signal") instead of
+    writing its checkpoint and stopping. Signals sent to the worker itself still end it (the
+    DataLoader's own shutdown, multiprocessing's at exit), and a worker whose training process is gone
+    exits (PyTorch's workers watch it). Ignoring the signals instead would leave a worker that
+    multiprocessing's exit terminates, then waits for, forever."""
+    os.setpgid(0, 0)
 
 
 def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any, Any, Any]:
