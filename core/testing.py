@@ -1138,19 +1138,23 @@ def runjob_user_environment_removed() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def runjob_isolated_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every test of a suite that loads the kit: the user's settings removed (a developer whose
-    shell exports ``MLFLOW_TRACKING_URI`` to a team's server, a Hugging Face cache or token), MLflow
-    pointed at a store in the test's ``tmp_path`` and ``HF_HOME`` there, offline, so a test neither
-    depends on the machine's environment nor writes runs into a real server or a shared cache. A test
-    sets its own values on top (``monkeypatch.setenv``); ``runjob_tester`` uses the same folder."""
-    for name in list(os.environ):
-        if name.startswith(USER_ENVIRONMENT_PREFIXES):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+def runjob_isolated_environment(
+    runjob_user_environment_removed: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every test of a suite that loads the kit: with the user's settings removed for the session
+    (a developer whose shell exports ``MLFLOW_TRACKING_URI`` to a team's server, a Hugging Face cache
+    or token), MLflow points at a store in the test's ``tmp_path`` and ``HF_HOME`` there, offline,
+    so a test neither depends on the machine's environment nor writes runs into a real server or a
+    shared cache. What the session's own fixtures set stays (a module's shared ``RunjobTester``
+    points MLflow at its store); a test sets its own values on top (``monkeypatch.setenv``);
+    ``runjob_tester`` uses the same folder."""
+    if "MLFLOW_TRACKING_URI" not in os.environ:
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    if "HF_HOME" not in os.environ:
+        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if name not in os.environ:
+            monkeypatch.setenv(name, "1")
 
 
 @pytest.fixture(scope="session")

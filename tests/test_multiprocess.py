@@ -230,7 +230,9 @@ def test_two_processes_equal_one_process_with_twice_the_batch_for_a_language_mod
     for key in ("train/loss", "val/loss", "val/perplexity"):
         a, b = run_two.history(key), run_one.history(key)
         assert [s for s, _ in a] == [s for s, _ in b] and len(a) >= 2
-        assert [v for _, v in a] == pytest.approx([v for _, v in b], abs=1e-5), key
+        # perplexity is exp(loss): a loss equal to 1e-6 is a perplexity of 33 equal to 3e-5 (seen on
+        # an AMD EPYC: 33.082560 vs 33.082545, 5e-7 apart relatively); the same relative bound
+        assert [v for _, v in a] == pytest.approx([v for _, v in b], rel=1e-6, abs=1e-5), key
 
 
 def test_two_simulated_machines_make_one_job(checked):
