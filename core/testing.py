@@ -270,19 +270,26 @@ def init_mlflow_store(path: str | Path) -> Path:
 
 @contextlib.contextmanager
 def running_mlflow_server(
-    folder: str | Path, port: int | None = None, template: str | Path | None = None, *, start_timeout: float = 120
+    folder: str | Path,
+    port: int | None = None,
+    template: str | Path | None = None,
+    *,
+    start_timeout: float = 120,
+    backend_store_uri: str | None = None,
 ) -> Iterator[str]:
     """A real ``mlflow server`` on 127.0.0.1 that keeps its database (``mlflow.db``), artifacts and
     log (``server.log``) in ``folder``; yields its URL once ``/health`` answers, and stops it on
     exit. The same folder and port may be served again later (a server that comes back).
-    ``template``: an initialised empty store to start from (see :func:`init_mlflow_store`)."""
+    ``template``: an initialised empty store to start from (see :func:`init_mlflow_store`).
+    ``backend_store_uri``: another database instead (a ``postgresql://`` URL; MLflow creates its
+    tables on the first start, so give it a longer ``start_timeout``)."""
     folder = Path(folder)
     port = port or free_port()
     folder.mkdir(parents=True, exist_ok=True)
-    if template is not None and not (folder / "mlflow.db").exists():
+    if template is not None and backend_store_uri is None and not (folder / "mlflow.db").exists():
         shutil.copy(template, folder / "mlflow.db")
     command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}"]
+    command += ["--backend-store-uri", backend_store_uri or f"sqlite:///{folder / 'mlflow.db'}"]
     command += ["--artifacts-destination", str(folder / "artifacts"), "--workers", "1"]
     log = folder / "server.log"  # a file, not a pipe: a full pipe would stall the server
     # MLflow 3's server also starts a pool of job-runner processes (huey) unless told not to: they

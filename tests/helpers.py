@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -211,47 +210,10 @@ def running_postgres(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def running_mlflow_server_on(backend_store_uri: str, folder: Path, *, start_timeout: float = 180) -> Iterator[str]:
-    """A real ``mlflow server`` on 127.0.0.1 (a free port) over the backend store
-    ``backend_store_uri`` (a ``postgresql://`` URL; MLflow creates its tables on the first start,
-    which takes longer than a copied sqlite store), artifacts and ``server.log`` in ``folder``;
-    yields its URL once ``/health`` answers, stops it on exit. For a sqlite store,
-    ``runjob.testing.running_mlflow_server`` starts from an initialised copy."""
-    import urllib.request
+def running_mlflow_server_on(backend_store_uri: str, folder: Path, *, start_timeout: float = 180):
+    """``runjob.testing.running_mlflow_server`` over the backend store ``backend_store_uri`` (a
+    ``postgresql://`` URL: MLflow creates its tables on the first start), artifacts and
+    ``server.log`` in ``folder``."""
+    from runjob.testing import running_mlflow_server
 
-    from runjob.testing import ISOLATED_PREFIXES, free_port
-
-    folder.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    command = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    command += ["--backend-store-uri", backend_store_uri, "--artifacts-destination", str(folder / "artifacts")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ISOLATED_PREFIXES)}
-    env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # as running_mlflow_server: no job-runner pool
-    log_path = folder / "server.log"
-    with log_path.open("ab") as log:
-        server = subprocess.Popen(
-            command, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {log_path.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.25)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+    return running_mlflow_server(folder, start_timeout=start_timeout, backend_store_uri=backend_store_uri)
