@@ -3,8 +3,7 @@ place, against the kind of file it declares (``Inputs.reads``): a text input ref
 an image input a file that is not an image, a CSV input a binary file. Plugins take their files
 from ``Inputs.files(path)`` and never check kinds themselves.
 
-Only the standard library is imported at module level; Pillow (torchvision's dependency) only
-when an image is checked."""
+Only the standard library is imported at module level; Pillow only when an image is checked."""
 
 from __future__ import annotations
 
