@@ -226,9 +226,6 @@ class ImageFileInputs(Inputs):
         self.size, self.mean, self.std, self.gray = size, [float(m) for m in mean], [float(s) for s in std], gray
         self._transform = None
 
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_transform": None}  # torchvision's Compose is rebuilt where it is used
-
     def read(self, path: Path) -> list[tuple[str, dict]]:
         """The image file ``path``, or every image file in the folder and its subfolders (named by
         their path relative to it), in path order; each read when it is encoded. Files that are not
@@ -360,6 +357,12 @@ def build_synthetic(options: SyntheticOptions) -> DatasetSplits:
 
     train = split(options.num_train, options.augment)
     return DatasetSplits(train=train, val=split(options.num_val, False), num_classes=options.num_classes)
+
+
+@hookimpl
+def runjob_register_inputs(register):
+    """Register image_files (the image datasets' inputs, kept by a run as its size and normalization)."""
+    register("image_files", ImageFileInputs, description="image files, resized and normalized as the validation split")
 
 
 @hookimpl

@@ -353,7 +353,10 @@ class CSVInputs(Inputs):
 
     def __init__(self, features: list[str], mean: list[float] | None, std: list[float] | None) -> None:
         self.features = list(features)
-        self.mean, self.std = mean, std  # float64 values as Python floats: plain, picklable, exact
+        for name, scale in (("mean", mean), ("std", std)):  # a run's predictor is data: checked when rebuilt
+            if scale is not None and len(scale) != len(self.features):
+                raise ValueError(f"{len(scale)} {name} value(s) for {len(self.features)} feature column(s)")
+        self.mean, self.std = mean, std  # float64 values as Python floats: plain JSON values, exact
         self.columns = {name: "double" for name in self.features}
 
     def read(self, path: Path) -> list[tuple[str, dict[str, float]]]:
@@ -472,6 +475,12 @@ def build_csv(options: CSVOptions) -> DatasetSplits:
         baselines=_baselines(targets, train_idx, val_idx, options.target_type),
         inputs=CSVInputs(features_named, *([part.tolist() for part in scale] if scale else [None, None])),
     )
+
+
+@hookimpl
+def runjob_register_inputs(register):
+    """Register csv_rows (the csv dataset's inputs, kept by a run as its feature names and scale)."""
+    register("csv_rows", CSVInputs, description="rows of a CSV's feature columns, standardized as in training")
 
 
 @hookimpl

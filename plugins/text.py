@@ -260,6 +260,12 @@ def build_text_files(options: TextFilesOptions) -> DatasetSplits:
 
 
 @hookimpl
+def runjob_register_inputs(register):
+    """Register text_prompts (text_files' inputs: bytes are tokens, so they keep nothing)."""
+    register("text_prompts", TextPrompts, description="prompts for a byte-level language model")
+
+
+@hookimpl
 def runjob_register_datasets(register):
     """Register text_files."""
     register(

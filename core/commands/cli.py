@@ -22,6 +22,7 @@ from runjob.commands.arguments import (
     add_overrides,
     add_plugin_argument,
     add_tracking_uri,
+    add_trust_pickle,
 )
 from runjob.commands.plugins import add_plugins_arguments
 
@@ -310,6 +311,13 @@ def add_trained_model_commands(commands: argparse._SubParsersAction, uri_default
         "--temperature", type=float, default=0.0, help="0 (default): the most likely token each time; above 0: sampled"
     )
     predict.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    predict.add_argument(
+        "--from-data",
+        action="store_true",
+        help="read inputs as the run's dataset does, building it from the run's job (its files must be here), "
+        "instead of the predictor the run saved",
+    )
+    add_trust_pickle(predict)
     add_overrides(predict)
     add_tracking_uri(predict, uri_default)
 
@@ -337,6 +345,7 @@ def add_trained_model_commands(commands: argparse._SubParsersAction, uri_default
     export.add_argument(
         "--atol", type=float, default=1e-4, help="largest difference accepted, relative to the outputs' scale (1e-4)"
     )
+    add_trust_pickle(export)
     add_tracking_uri(export, uri_default)
 
 

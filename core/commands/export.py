@@ -64,7 +64,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         require_run_plugins(run, host, "export")  # its job names what they registered
         if args.format in exporters:  # the model and what the run kept of its data: the data itself need not be here
             has_facts = RunFolder(run.folder).data_facts.is_file()
-            return _plugin_export(args, run, load_job(run, [], host, data=not has_facts), exporters[args.format])
+            job = load_job(run, [], host, data=not has_facts)
+            return _plugin_export(args, run, job, exporters[args.format], host)
         job = load_job(run, [], host)
         splits, task = load_data(job)
         trained, adapters = build_trained(job, run.model_file, run.folder, splits)
@@ -109,7 +110,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plugin_export(args: argparse.Namespace, run: Any, job: Any, exporter: Any) -> int:
+def _plugin_export(args: argparse.Namespace, run: Any, job: Any, exporter: Any, host: Any) -> int:
     """``--format NAME`` registered by a plugin (``runjob_register_exporters``): the trained model,
     adapters merged, and what the run kept of its data (its predictor's inputs, its ``data/``
     files) go to the plugin's export function, which writes ``--output`` (by default
@@ -119,10 +120,9 @@ def _plugin_export(args: argparse.Namespace, run: Any, job: Any, exporter: Any) 
     from runjob.errors import ComponentError, describe
     from runjob.host.components import ExportRequest
     from runjob.host.model_build import merge_adapters
-    from runjob.record.prediction import saved_predictor
-    from runjob.train.trained import build_trained
+    from runjob.train.trained import build_trained, saved
 
-    predictor = saved_predictor(run.folder)
+    predictor = saved(run, host, args.trust_pickle)[1]
     trained, adapters = build_trained(job, run.model_file, run.folder)
     data = RunFolder(run.folder).data_dir
     artifacts = {file.name: file for file in sorted(data.iterdir())} if data.is_dir() else {}

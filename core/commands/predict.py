@@ -18,7 +18,6 @@ from typing import Any
 
 from runjob.errors import DataError, RunjobError
 from runjob.host.components import Inputs
-from runjob.host.run_folder import RunFolder
 
 FORMATS = (".csv", ".jsonl")
 
@@ -42,20 +41,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from runjob.commands.run_plugins import require_run_plugins
     from runjob.host.plugin_host import load_plugins
     from runjob.host.task import generates
-    from runjob.record.prediction import Predictor, saved_predictor
-    from runjob.train.trained import best_device, build_model, find_run, load_data, load_job, sample_batch
+    from runjob.record.prediction import Predictor
+    from runjob.train.trained import best_device, build_model, find_run, load_data, load_job, sample_batch, saved
 
     host = load_plugins()
     with tempfile.TemporaryDirectory(prefix="runjob-predict-") as scratch:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
         require_run_plugins(run, host, "predict")  # its job names what they registered
-        predictor = None if args.overrides else saved_predictor(run.folder)
         # the saved predictor and facts stand in for the data: its files need not be here any more
-        job = load_job(
-            run, args.overrides, host, data=predictor is None or not RunFolder(run.folder).data_facts.is_file()
-        )
+        job, predictor = (None, None) if args.overrides or args.from_data else saved(run, host, args.trust_pickle)
         splits = None
-        if predictor is None:  # a run without a saved predictor, or --set dataset.KEY: the data as the job builds it
+        if predictor is None:  # a run without a saved predictor, --from-data, --set dataset.KEY: the data, built
+            job = load_job(run, args.overrides, host)
             splits, task = load_data(job)
             context = None
             if generates(task):

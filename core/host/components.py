@@ -241,6 +241,20 @@ class DataFacts:
         return {key: value for key, value in self.__dict__.items() if value is not None}
 
     @classmethod
+    def checked(cls, values: dict[str, Any]) -> DataFacts:
+        """The facts in ``values`` (a saved ``data_facts.json``), every field's type checked:
+        ``ValueError`` naming the first that is wrong. Keys it does not know are left out."""
+        from pydantic import TypeAdapter, ValidationError
+
+        known = {key: value for key, value in values.items() if key in cls.__dataclass_fields__}
+        try:
+            return TypeAdapter(cls).validate_python(known, strict=False)
+        except ValidationError as error:
+            problem = error.errors()[0]
+            key = ".".join(str(part) for part in problem["loc"])
+            raise ValueError(f"{key} = {problem.get('input')!r}: {problem['msg']}") from None
+
+    @classmethod
     def from_dict(cls, values: dict[str, Any]) -> DataFacts:
         known = {key: value for key, value in values.items() if key in cls.__dataclass_fields__}
         if known.get("input_shape") is not None:
@@ -318,11 +332,17 @@ class Inputs(ABC):
     (the feature columns of a CSV row as numbers, an image file's bytes, a prompt's text). The MLflow
     model's input schema is :attr:`columns`; a DataFrame sent to it is taken row by row as records.
 
-    The object is pickled into the MLflow model at the end of a run, so it must hold plain values
-    (numbers, lists, strings), not tensors, open files or lambdas, and its class must be importable
-    where the model is loaded (its plugin is among the model's requirements). State fitted on the
-    training data (a standardization's means, a vocabulary) belongs here: the MLflow model then
-    needs nothing else of the dataset.
+    The run keeps it as data, never as a pickle: at the end of a run :meth:`to_data` gives its state
+    as JSON values (and may write files, such as a tokenizer's ``tokenizer.json``), and ``runjob
+    predict``, ``export`` and the run's MLflow model rebuild it with :meth:`from_data`, finding the
+    class by the name its plugin registered it under (``runjob_register_inputs``): a run names a
+    class, it cannot make runjob import code. By default the state is the arguments of ``__init__``,
+    read back from the attributes of the same names, so a class that keeps plain values (numbers,
+    strings, lists of them) needs nothing more; one that holds other objects (a tokenizer) overrides
+    both. State fitted on the training data (a standardization's means, a vocabulary) belongs here:
+    prediction then needs nothing else of the dataset. ``runjob.testing.round_trip_inputs`` checks
+    a class against this contract; a run whose inputs do not survive it saves no predictor and says
+    why in one line.
 
     :attr:`reads` says what kind of file :meth:`read` takes; runjob checks every file against it
     (:meth:`files`), so a text input is never fed an image's bytes.
@@ -370,6 +390,37 @@ class Inputs(ABC):
         """Whether this class overrides :meth:`decode`."""
         return type(self).decode is not Inputs.decode
 
+    def to_data(self, folder: Path) -> dict[str, Any]:
+        """This object's state as plain data (JSON values: numbers, strings, booleans, ``None``,
+        lists and string-keyed dicts of them), for the run's predictor. Files too big or too
+        structured for JSON (a tokenizer's ``tokenizer.json``) go into ``folder``, named in the
+        returned dict by their name there; :meth:`from_data` gets the same folder back.
+
+        The default: the arguments ``__init__`` takes, each read back from the attribute of the
+        same name (``TypeError`` when one is missing or not plain data)."""
+        from runjob.host.plain_data import arguments_of
+
+        return arguments_of(self)
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], folder: Path) -> Inputs:
+        """The object :meth:`to_data` described: ``data`` as JSON gives it back (lists for tuples)
+        and the folder holding its files. Raise ``ValueError`` or ``KeyError`` for data it cannot
+        rebuild from (runjob reports it in one line naming the run's file).
+
+        The default: ``cls(**data)``, each value checked first against the annotation of its
+        ``__init__`` argument (``ValueError`` naming the first that does not fit)."""
+        from runjob.host.plain_data import checked_arguments
+
+        return cls(**checked_arguments(cls, data))
+
+    def collate(self, samples: list[Any]) -> Any:
+        """A batch of what :meth:`encode` gives, for ``runjob predict`` and the MLflow model: by
+        default runjob's stacking of tensors (and of dicts, tuples and lists of them). Override it
+        when encoded inputs differ in length (padding a batch to its longest input): the run keeps
+        data, not ``DatasetSplits.collate``, so prediction from a finished run batches with this."""
+        return stack(samples, f"{type(self).__qualname__} a collate method")
+
     def files(self, path: Path) -> list[Path]:
         """The files :meth:`read` takes from ``path``: the file itself, or every file in the folder
         and its subfolders, in path order, less those not of the kind :attr:`reads` names. A
@@ -389,6 +440,24 @@ class Inputs(ABC):
                 self.files(path)  # checked here too, for a ``read`` that does not take its files from files()
             records = list(self.read(path))
         return EncodedInputs(self, records, str(path), skipped_notes(state, str(path), self.reads))
+
+
+def stack(batch: list[Any], padder: str = "a DatasetSplits.collate") -> Any:
+    """torch's default collation (tensors stacked; dicts, tuples and lists of them alike), with a
+    one-line :class:`runjob.DataError` when inputs differ in shape (``padder``: what would pad them)."""
+    from torch.utils.data import default_collate
+
+    try:
+        return default_collate(batch)
+    except RuntimeError as error:
+        if "stack expects each tensor to be equal size" not in str(error):
+            raise
+        from runjob.errors import DataError
+
+        raise DataError(
+            f"inputs in one batch have different shapes ({error}); the dataset must give inputs of one size "
+            f"(for image folders: set dataset.image_size), or {padder} that pads them"
+        ) from None
 
 
 class EncodedInputs:
@@ -412,6 +481,13 @@ class EncodedInputs:
             from runjob.errors import DataError
 
             raise DataError(f"--input {self.where}: {name}: {error}") from None
+        except Exception as error:  # noqa: BLE001 - a plugin's bug, or a run's damaged predictor: one line
+            from runjob.errors import ComponentError, describe
+
+            raise ComponentError(
+                f"--input {self.where}: {name}: {type(self.inputs).__qualname__}.encode failed ({describe(error)}): "
+                "the plugin has a bug, or the run's predictor/ was changed since the run"
+            ) from None
 
 
 @dataclass

@@ -133,6 +133,27 @@ def runjob_register_exporters(register: Register) -> None:
 
 
 @hookspec
+def runjob_register_inputs(register: Register) -> None:
+    """Register the :class:`runjob.Inputs` classes a plugin's datasets give (``DatasetSplits.inputs``),
+    so a finished run's predictor can be rebuilt from data.
+
+    Called once, at plugin load; call ``register(name, InputsClass, description=...)`` once per
+    class (a subclass of :class:`runjob.Inputs`; the name is the plugin's own, unique among its
+    inputs). At the end of a run the dataset's inputs are written as plain data
+    (:meth:`runjob.Inputs.to_data`, into ``OUTPUT_DIR/predictor/``) under this name; ``runjob
+    predict``, ``export`` and the run's MLflow model find the class by it among the installed
+    plugins and rebuild the object (:meth:`runjob.Inputs.from_data`). A run never makes runjob
+    unpickle or import anything. Inputs of a class no plugin registers are not saved: the end of
+    the run says so in one line, and ``runjob predict`` then reads inputs by building the dataset
+    again::
+
+        @runjob.hookimpl
+        def runjob_register_inputs(register: runjob.Register) -> None:
+            register("my_rows", MyRows, description="rows of x1, x2, standardized")
+    """
+
+
+@hookspec
 def runjob_register_datasets(register: Register) -> None:
     """Register dataset components (``[dataset] name = ...``).
 

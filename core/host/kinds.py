@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runjob.host.callback import CallbackOptions
-from runjob.host.components import Options
+from runjob.host.components import Inputs, Options
 from runjob.host.task import TaskOptions
 
 
@@ -40,7 +40,11 @@ class Kind:
     instead of one in ``[name]``."""
     inside: str | None = None
     """The table a job names them in (adapters: ``[model.adapters.NAME]``), instead of a table of
-    their own; ``"command"``: no job names them, a command does (export formats)."""
+    their own; ``"command"``: no job names them, a command does (export formats); ``"run"``: a
+    finished run's saved data names them (inputs classes, in its predictor)."""
+    factory_class: type | None = None
+    """What the registered "factory" must be a subclass of, when it is a class rather than a
+    function (inputs: :class:`runjob.Inputs`)."""
 
     @property
     def hook(self) -> str:
@@ -65,6 +69,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("task", "tasks", default="classification", options_base=TaskOptions),
     Kind("adapter", "adapters", inside="model"),
     Kind("exporter", "exporters", inside="command"),
+    Kind("inputs", "inputs", inside="run", factory_class=Inputs),
     Kind(
         "callback",
         "callbacks",

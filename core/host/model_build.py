@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runjob.errors import ComponentError, describe
+from runjob.errors import ComponentError, DataError, describe, first_line
 from runjob.host.components import Adapter, DataFacts, Options, ReportedFactory
 from runjob.host.run_folder import RunFolder
 
@@ -113,7 +113,13 @@ def read_facts(folder: Path) -> DataFacts | None:
     path = RunFolder(folder).data_facts
     if not path.is_file():
         return None
-    return DataFacts.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(values, dict):
+            raise ValueError(f"a JSON {type(values).__name__}, not an object")
+        return DataFacts.checked(values)
+    except (UnicodeDecodeError, ValueError) as error:  # JSON's and pydantic's errors are ValueErrors
+        raise DataError(f"{path}: not the data facts runjob saved ({first_line(error)})") from None
 
 
 def library_versions(components: list[Any]) -> dict[str, str]:

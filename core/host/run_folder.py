@@ -18,7 +18,11 @@ spells these names. The folder of one run::
     ├── metrics.jsonl                METRICS_FILE: the metric points (the main process's)
     ├── metrics.node1.jsonl          node_metrics_name(1): another machine's system metrics
     ├── mlflow_model/                MLFLOW_MODEL_DIR: the MLflow model (tracking.log_model)
-    ├── prediction.pkl               PREDICTOR_FILE: the pickled predictor of the MLflow model
+    ├── predictor/                   PREDICTOR_DIR: what prediction needs besides the model, as data
+    │   ├── predictor.json           PREDICTOR_FILE: the inputs' class and state, the task's, the classes
+    │   └── inputs/                  PREDICTOR_INPUTS_DIR: the inputs' files (a tokenizer.json)
+    ├── prediction.pkl               PICKLED_PREDICTOR_FILE: an older runjob's pickled predictor (never read
+    │                                unless a command is given --trust-pickle)
     ├── data_facts.json              DATA_FACTS_FILE: the dataset's facts the model was built with
     ├── data/                        DATA_DIR: the dataset's files (DatasetSplits.artifacts)
     ├── adapters/NAME/               ADAPTERS_DIR: each adapter's own files (LoRA weights)
@@ -62,7 +66,10 @@ METRICS_FILE = "metrics.jsonl"
 METRICS_PATTERN = "metrics*.jsonl"
 """Every machine's metric files: ``metrics.jsonl`` and ``metrics.nodeN.jsonl``."""
 MLFLOW_MODEL_DIR = "mlflow_model"
-PREDICTOR_FILE = "prediction.pkl"
+PREDICTOR_DIR = "predictor"
+PREDICTOR_FILE = "predictor.json"
+PREDICTOR_INPUTS_DIR = "inputs"
+PICKLED_PREDICTOR_FILE = "prediction.pkl"
 DATA_FACTS_FILE = "data_facts.json"
 DATA_DIR = "data"
 ADAPTERS_DIR = "adapters"
@@ -195,9 +202,14 @@ class RunFolder:
         return self.root / MLFLOW_MODEL_DIR
 
     @property
-    def predictor_file(self) -> Path:
-        """``prediction.pkl``."""
-        return self.root / PREDICTOR_FILE
+    def predictor_dir(self) -> Path:
+        """``predictor/``: the run's predictor as data (``runjob.record.prediction``)."""
+        return self.root / PREDICTOR_DIR
+
+    @property
+    def pickled_predictor_file(self) -> Path:
+        """``prediction.pkl``: an older runjob's pickled predictor."""
+        return self.root / PICKLED_PREDICTOR_FILE
 
     @property
     def log_file(self) -> Path:

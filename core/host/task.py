@@ -167,6 +167,24 @@ class Task(ABC):
         ``class`` holds class indices, written as the dataset's class names when it has them."""
         return {"output": outputs}
 
+    def to_data(self) -> dict[str, Any]:
+        """What prediction needs of this task beyond its ``[task]`` options and the run's
+        :class:`runjob.DataFacts` (class weights fitted on the training labels, say), as plain data
+        (JSON values). ``runjob predict``, ``export`` and the MLflow model rebuild a finished run's
+        task with its factory, given the options and the facts (not the data, which may be gone),
+        then hand this to :meth:`restore`. By default: nothing (``{}``)."""
+        return {}
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Take back what :meth:`to_data` gave, on a task its factory rebuilt from the options and
+        the facts. Raise ``ValueError`` for data it cannot take. By default a task keeps nothing,
+        and refuses data it is given."""
+        if data:
+            raise ValueError(
+                f"{type(self).__qualname__} keeps no data but was given {sorted(data)}: "
+                "define restore() beside to_data()"
+            )
+
     @property
     def generates(self) -> bool:
         """Deprecated: use ``runjob.host.task.generates(task)`` (whether the task is :class:`Generating`)."""

@@ -565,9 +565,15 @@ def load_model_table(path: str | Path, host: PluginHost) -> Chosen:
     """Only the ``[model]`` table of the job in ``path``, checked: enough to build the model
     where the rest of the job (its data, above all) is not at hand, as when a logged MLflow model
     is loaded on another machine. Raises JobError."""
+    return load_table(path, host, "model")
+
+
+def load_table(path: str | Path, host: PluginHost, kind: str) -> Chosen:
+    """Only the table of ``kind`` (``"model"``, ``"task"``) of the job in ``path``, checked, with
+    the kind's default component when the job has no such table. Raises JobError."""
     raw = load_job(path, [])
     problems: list[Problem] = []
-    chosen = _choose(raw, host, "model", problems)
+    chosen = _choose(raw, host, kind, problems)
     if chosen is None:
         raise JobError(problems)
     return chosen

@@ -4,24 +4,66 @@ the run's MLflow model (``runjob.record.trained_model``) both take, so they cann
 A :class:`Predictor` holds everything besides the model that turns a user's raw inputs into rows:
 the task (its ``call_model`` and ``predict``, or a language model's ``generate``), the dataset's
 :class:`runjob.Inputs` (the fitted preprocessing), the class names and a language model's context.
-The training process pickles it into the output folder at the end of a run (``prediction.pkl``),
-and the MLflow model carries it.
+
+A run keeps it as data, never as a pickle (``OUTPUT_DIR/predictor/``): ``predictor.json`` names
+the inputs' class by the name its plugin registered (``runjob_register_inputs``) with the state
+:meth:`runjob.Inputs.to_data` gave (its files in ``predictor/inputs/``), the task's state
+(:meth:`runjob.Task.to_data`), the class names, the context and the output columns. Reading it
+back (:func:`load_predictor`) resolves those names through the installed plugins, as a job file's
+are, and rebuilds the task with its factory from the job's ``[task]`` table and the run's
+``data_facts.json``: a run folder or a logged model cannot make runjob run code. An older run's
+pickled ``prediction.pkl`` is refused unless the user says they trust it (``--trust-pickle``).
 """
 
 from __future__ import annotations
 
-import pickle
+import json
+import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from runjob.errors import DataError, RunjobError, describe, first_line
-from runjob.host.run_folder import PREDICTOR_FILE
-from runjob.host.task import generates
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runjob.errors import RunjobError, describe, first_line
+from runjob.host.components import Inputs, stack
+from runjob.host.plain_data import as_json, check_plain, round_trip
+from runjob.host.run_folder import PREDICTOR_FILE, PREDICTOR_INPUTS_DIR, RunFolder
+from runjob.host.task import Task, generates
 
 GENERATION_DEFAULTS = {"max_new_tokens": 100, "temperature": 0.0, "seed": 0}
 """A language model's continuation settings when none are given (``runjob predict``'s defaults)."""
+
+FORMAT = 1
+"""The version of ``predictor.json``'s layout."""
+TRUST_PICKLE_FLAG = "--trust-pickle"
+
+
+class _SavedInputs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(min_length=1)
+    """The name the plugin registered the class under (``runjob_register_inputs``)."""
+    plugin: str = Field(min_length=1)
+    """The plugin that registered it (its entry-point name)."""
+    data: dict[str, Any]
+    """What :meth:`runjob.Inputs.to_data` gave."""
+
+
+class _SavedPredictor(BaseModel):
+    """``predictor.json``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    format: Literal[1]
+    inputs: _SavedInputs
+    task: dict[str, Any] = {}
+    """What :meth:`runjob.Task.to_data` gave."""
+    classes: list[str] | None = None
+    context: int | None = Field(None, ge=1)
+    outputs: dict[str, Literal["boolean", "long", "double", "string"]] | None = None
 
 
 @dataclass
@@ -36,19 +78,8 @@ class Predictor:
     output_columns: dict[str, str] | None = None
     """The columns and types of a prediction row (without ``input``), for the MLflow signature."""
     collate: Any = None
-    """The dataset's ``DatasetSplits.collate`` (padding a batch of inputs), or ``None``: stacking."""
-
-    def save(self, folder: Path) -> Path:
-        """Pickle this predictor into ``folder`` (written whole or not at all)."""
-        path = folder / PREDICTOR_FILE
-        partial = path.with_suffix(".partial")
-        partial.write_bytes(pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL))
-        partial.replace(path)
-        return path
-
-    @staticmethod
-    def load(path: Path) -> Predictor:
-        return pickle.loads(Path(path).read_bytes())
+    """How encoded inputs are batched: the dataset's ``DatasetSplits.collate`` when the dataset was
+    built for this prediction, else (``None``) the inputs' :meth:`runjob.Inputs.collate`."""
 
     def rows(
         self,
@@ -65,39 +96,194 @@ class Predictor:
             settings = {**GENERATION_DEFAULTS, **{k: v for k, v in generation.items() if v is not None}}
             decode = self.inputs.decode if self.inputs is not None and self.inputs.decodes else None
             return continuation_rows(model, self.task, decode, items, self.context or 0, **settings)
-        collate_inputs = getattr(self, "collate", None)  # a predictor pickled before it had one: stacking
-        return prediction_rows(model, self.task, self.classes, items, batch_size, source, what, collate_inputs)
+        # the dataset's collate, else the inputs' (a plain decoder has none: stacking)
+        batches = getattr(self, "collate", None) or getattr(self.inputs, "collate", None)
+        return prediction_rows(model, self.task, self.classes, items, batch_size, source, what, batches)
 
 
-def saved_predictor(folder: Path) -> Predictor | None:
-    """The predictor the run saved (``prediction.pkl``: its task and the dataset's fitted
-    :class:`runjob.Inputs`, such as a tokenizer), so prediction needs neither the data nor its
-    preparation; ``None`` when the run saved none (its dataset gives no ``runjob.Inputs``)."""
-    path = folder / PREDICTOR_FILE
-    if not path.is_file():
-        return None
+class PredictorError(RunjobError):
+    """A run's saved predictor that cannot be read back: one line naming the file, what is wrong and
+    what would be right (exit code 2)."""
+
+
+def registered_inputs(host: Any, inputs: Inputs) -> Any:
+    """The component a plugin registered ``inputs``'s class as (``runjob_register_inputs``), or ``None``."""
+    for owners in host.registrations.get("inputs", {}).values():
+        for component in owners:
+            if component.factory is type(inputs):
+                return component
+    return None
+
+
+def save_predictor(predictor: Predictor, output_dir: Path, host: Any, task_table: Any, facts: Any) -> Path:
+    """Write ``predictor`` into ``output_dir/predictor/`` as data, written whole or not at all.
+    Raises ``ValueError`` saying, in one line, why it cannot be kept as data: its inputs' class is
+    not registered, or does not survive :func:`runjob.host.plain_data.round_trip`; the task's state
+    is not plain data, or the task cannot be rebuilt from its options and ``facts``."""
+    inputs, task = predictor.inputs, predictor.task
+    component = registered_inputs(host, inputs)
+    cls = type(inputs)
+    if component is None:
+        raise ValueError(
+            f"its runjob.Inputs class {cls.__module__}.{cls.__qualname__} is registered by no plugin "
+            "(runjob_register_inputs), so it cannot be rebuilt from data"
+        )
+    folder = RunFolder(output_dir).predictor_dir
+    partial = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
     try:
-        predictor = Predictor.load(path)
-    except Exception as error:  # noqa: BLE001 - a plugin class renamed since the run: the data can still serve
-        why = describe(error)
-        print(f"runjob: {path} cannot be read ({why}); reading the inputs as the dataset does", file=sys.stderr)
+        try:
+            round_trip(inputs, partial / PREDICTOR_INPUTS_DIR)
+            inputs_data = as_json(inputs.to_data(partial / PREDICTOR_INPUTS_DIR))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"its inputs ({cls.__qualname__}) cannot be kept as data: {first_line(error)}") from None
+        task_data = task.to_data()
+        try:
+            check_plain(task_data, f"{type(task).__qualname__}.to_data()")
+            task_data = as_json(task_data)
+            rebuild_task(task_table, facts, task_data)
+        except Exception as error:  # noqa: BLE001 - a plugin's factory or restore may raise anything
+            raise ValueError(
+                f"its task ({type(task).__qualname__}) cannot be rebuilt from data: {describe(error)}"
+            ) from None
+        saved = _SavedPredictor(
+            format=FORMAT,
+            inputs=_SavedInputs(name=component.name, plugin=component.plugin, data=inputs_data),
+            task=task_data,
+            classes=list(predictor.classes) if predictor.classes is not None else None,
+            context=predictor.context,
+            outputs=predictor.output_columns,
+        )
+        (partial / PREDICTOR_FILE).write_text(
+            json.dumps(saved.model_dump(), indent=2, allow_nan=False) + "\n", encoding="utf-8"
+        )
+        if not any((partial / PREDICTOR_INPUTS_DIR).iterdir()):  # inputs that keep no files
+            (partial / PREDICTOR_INPUTS_DIR).rmdir()
+        shutil.rmtree(folder, ignore_errors=True)
+        partial.rename(folder)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return folder / PREDICTOR_FILE
+
+
+def rebuild_task(task_table: Any, facts: Any, data: dict[str, Any]) -> Task:
+    """The job's task built by its factory from its ``[task]`` options and the run's facts, with
+    what :meth:`runjob.Task.to_data` kept handed back (:meth:`runjob.Task.restore`)."""
+    from runjob.host.components import DataFacts
+
+    task = task_table.component.factory(task_table.options, facts if facts is not None else DataFacts())
+    if not isinstance(task, Task):
+        raise TypeError(
+            f"task {task_table.name!r}'s factory returned a {type(task).__name__}, not a runjob.Task, from the "
+            "run's data facts"
+        )
+    task.restore(data)
+    return task
+
+
+def saved_any(folder: Path) -> bool:
+    """Whether run folder ``folder`` holds a predictor: as data, or an older runjob's pickle."""
+    paths = RunFolder(folder)
+    return (paths.predictor_dir / PREDICTOR_FILE).is_file() or paths.pickled_predictor_file.is_file()
+
+
+def load_predictor(folder: Path, host: Any, task_table: Any, trust_pickle: bool = False) -> Predictor | None:
+    """The predictor run folder ``folder`` saved (``predictor/``), rebuilt by the installed plugins:
+    the inputs' class found by its registered name, the task by ``task_table`` (the job's
+    ``[task]``) and the run's ``data_facts.json``. ``None`` when the run saved none. A damaged or
+    tampered one is a :class:`PredictorError` in one line. A run with only an older runjob's
+    ``prediction.pkl`` is refused with one line, unless ``trust_pickle``."""
+    paths = RunFolder(folder)
+    path = paths.predictor_dir / PREDICTOR_FILE
+    if not path.is_file():
+        if paths.pickled_predictor_file.is_file():
+            return _pickled(paths.pickled_predictor_file, trust_pickle)
         return None
-    return predictor if predictor.inputs is not None else None
+    saved = _read_saved(path)
+    facts = _facts(folder)
+    inputs = _rebuild_inputs(host, saved.inputs, path)
+    try:
+        task = rebuild_task(task_table, facts, saved.task)
+    except Exception as error:  # noqa: BLE001 - the plugin's factory given the run's facts: one line, exit 2
+        raise PredictorError(
+            f"{path}: task: task {task_table.name!r} cannot be rebuilt from the run's data: {describe(error)}"
+        ) from None
+    return Predictor(task, inputs, saved.classes, saved.context, saved.outputs)
+
+
+def _read_saved(path: Path) -> _SavedPredictor:
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PredictorError(f"{path}: not a runjob predictor ({describe(error)})") from None
+    try:
+        return _SavedPredictor.model_validate(values)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        key = ".".join(str(part) for part in problem["loc"]) or "(the file)"
+        value = problem.get("input")
+        shown = "" if problem["type"] == "missing" else f" = {json.dumps(value)[:80]}"
+        raise PredictorError(f"{path}: {key}{shown}: {problem['msg']}; the file is damaged or not runjob's") from None
+
+
+def _facts(folder: Path) -> Any:
+    from runjob.host.model_build import read_facts
+
+    try:
+        return read_facts(folder)
+    except (ValueError, TypeError) as error:
+        raise PredictorError(f"{RunFolder(folder).data_facts}: {first_line(error)}") from None
+
+
+def _rebuild_inputs(host: Any, saved: _SavedInputs, path: Path) -> Inputs:
+    from runjob.host.plugin_host import ComponentLookupError
+
+    loaded = any(info.name == saved.plugin for info in host.plugins)
+    try:
+        component = host.lookup("inputs", f"{saved.plugin}:{saved.name}" if loaded else saved.name)
+    except ComponentLookupError as error:
+        raise PredictorError(
+            f"{path}: inputs.name = {json.dumps(saved.name)} (plugin {saved.plugin}): {first_line(error)}; install "
+            "the plugin that made the run"
+        ) from None
+    cls = component.factory
+    try:
+        inputs = cls.from_data(saved.data, path.parent / PREDICTOR_INPUTS_DIR)
+    except Exception as error:  # noqa: BLE001 - a plugin's from_data given data it refuses: one line, exit 2
+        raise PredictorError(
+            f"{path}: inputs.data: {cls.__qualname__} (plugin {component.plugin}) cannot be rebuilt from it: "
+            f"{describe(error)}"
+        ) from None
+    if not isinstance(inputs, cls):
+        raise PredictorError(
+            f"{path}: {cls.__qualname__}.from_data (plugin {component.plugin}) returned a {type(inputs).__name__}"
+        )
+    return inputs
+
+
+def _pickled(path: Path, trust: bool) -> Predictor:
+    """An older runjob's ``prediction.pkl``: refused, unless the user trusts it (their own run)."""
+    if not trust:
+        raise PredictorError(
+            f"{path}: this run's predictor was saved by an older runjob as a pickle, and unpickling a file runs "
+            f"whatever code it holds, so runjob does not read it; for a run you made yourself add {TRUST_PICKLE_FLAG}, "
+            "or read inputs as the run's dataset does with --from-data (the dataset's files must be here)"
+        )
+    print(f"runjob: reading {path} as a pickle ({TRUST_PICKLE_FLAG})", file=sys.stderr)
+    return _unpickle(path)
+
+
+def _unpickle(path: Path) -> Predictor:
+    import pickle
+
+    # the one unpickling in runjob: only with --trust-pickle, for an older run the user vouches for
+    predictor: Predictor = pickle.loads(path.read_bytes())  # noqa: S301
+    return predictor
 
 
 def collate(batch: list[Any]) -> Any:
     """torch's default collation, with a clear message when inputs differ in shape."""
-    from torch.utils.data import default_collate
-
-    try:
-        return default_collate(batch)
-    except RuntimeError as error:
-        if "stack expects each tensor to be equal size" not in str(error):
-            raise
-        raise DataError(
-            f"inputs in one batch have different shapes ({error}); the dataset must give inputs of one size "
-            "(for image folders: set dataset.image_size)"
-        ) from None
+    return stack(batch)
 
 
 def prediction_rows(

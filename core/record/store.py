@@ -111,11 +111,16 @@ def _missing(error: BaseException) -> bool:
     return getattr(error, "error_code", None) == "RESOURCE_DOES_NOT_EXIST" or isinstance(error, FileNotFoundError)
 
 
+LOGGED_MODEL_WEIGHTS = "data/run"
+"""Where runjob's MLflow model keeps the final weights (``runjob.record.trained_model``)."""
+
+
 def _logged_model_weights(uri: str, run_id: str, folder: Path) -> Path | None:
     """The final weights of a run whose logged model holds them (``tracking.log_model =
     "weights"``: stored there once, not also as the run's own ``model.safetensors``)."""
     from mlflow import MlflowClient
     from mlflow.artifacts import download_artifacts
+    from mlflow.exceptions import MlflowException
 
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(run_id)
@@ -125,8 +130,15 @@ def _logged_model_weights(uri: str, run_id: str, folder: Path) -> Path | None:
     found = sorted((m for m in found if m.name in names), key=lambda m: names.index(m.name))
     if not found:
         return None
-    location = f"{found[0].artifact_location.rstrip('/')}/artifacts/{FINAL_WEIGHTS}"
-    return Path(download_artifacts(artifact_uri=location, tracking_uri=uri, dst_path=str(folder)))
+    # data/run/ in runjob's model; artifacts/ in one logged before the model held data only
+    for place in (LOGGED_MODEL_WEIGHTS, "artifacts"):
+        location = f"{found[0].artifact_location.rstrip('/')}/{place}/{FINAL_WEIGHTS}"
+        try:
+            return Path(download_artifacts(artifact_uri=location, tracking_uri=uri, dst_path=str(folder)))
+        except (MlflowException, OSError) as error:
+            if not _missing(error):
+                raise
+    return None
 
 
 def download_job(uri: str, run_id: str, folder: Path) -> Path:

@@ -1,18 +1,21 @@
 """The run's MLflow model in runjob's default format (``tracking.log_model = "weights"``): an
-MLflow ``python_function`` model holding the final ``model.safetensors``, the run's ``job.toml``
-and its predictor (``prediction.pkl``: the task and the dataset's fitted preprocessing), which
-rebuilds the model through runjob's plugins when it is loaded and predicts from raw inputs exactly
-as ``runjob predict`` does (``runjob.record.prediction``), with a signature.
+MLflow ``python_function`` model that holds data only (the final ``model.safetensors``, the run's
+``job.toml``, its ``data_facts.json``, its predictor as data, ``predictor/``, and the dataset's
+files, ``data/``) and names runjob's installed loader, ``loader_module:
+runjob.record.trained_model``. Loading it imports no code from the model and unpickles nothing: the
+loader rebuilds the model and the predictor through the installed plugins (as ``runjob predict``
+does: ``runjob.record.prediction``) and predicts from raw inputs exactly as ``runjob predict``
+does, with a signature.
 
 Writing it needs neither torch nor the model's code, so runjob's recording process writes it at
 the end of a run without importing torch or the model's libraries; the weights are stored as
-safetensors, not pickled. Distributions that no package index has (runjob from a checkout, a plugin
-installed from a folder) travel inside it as wheels (``runjob.record.wheels``), so ``mlflow models
-serve`` can build its environment. Load it with
+safetensors. Distributions that no package index has (runjob from a checkout, a plugin installed
+from a folder) travel inside it as wheels (``runjob.record.wheels``), so ``mlflow models serve``
+can build its environment. Load it with
 
     model = mlflow.pyfunc.load_model("runs:/RUN_ID/NAME")
     rows = model.predict(frame)                         # raw inputs in, runjob predict's columns out
-    module = model.unwrap_python_model().model          # the torch.nn.Module, in eval mode
+    module = model.get_raw_model()                      # the torch.nn.Module, in eval mode
 
 This module imports MLflow; the training process never imports it.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -29,40 +33,45 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
-from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
+from runjob.host.run_folder import DATA_DIR, DATA_FACTS_FILE, JOB_FILE, PREDICTOR_DIR, WEIGHTS_FILE, RunFolder
+from runjob.record.store import LOGGED_MODEL_WEIGHTS
 
-WEIGHTS = "weights"
-JOB = "job"
-PREDICTOR = "predictor"
-DATA_FACTS = "data_facts"
-DATA_ARTIFACT = "data_"
-"""The prefix of the dataset's files (``DatasetSplits.artifacts``) among the model's artifacts."""
+RUN_DATA = Path(LOGGED_MODEL_WEIGHTS).name
+"""The folder of the model's data (under MLflow's ``data/``), laid out as a run's output folder."""
 WHEELS_FOLDER = "wheels"
 
 
-class TrainedModel(mlflow.pyfunc.PythonModel):
-    """A runjob model rebuilt from its job's ``[model]`` table and weights, predicting through the
-    run's :class:`runjob.record.prediction.Predictor` when the dataset gave :class:`runjob.Inputs`."""
+def _load_pyfunc(data_path: str) -> TrainedModel:
+    """MLflow's entry point for a model whose ``loader_module`` is this module."""
+    return TrainedModel(Path(data_path))
 
-    def load_context(self, context: Any) -> None:
+
+class TrainedModel:
+    """A runjob model rebuilt from its job's ``[model]`` table and weights, predicting through the
+    run's :class:`runjob.record.prediction.Predictor` when the run saved one (its dataset gave
+    :class:`runjob.Inputs`). ``folder`` is laid out as the run's output folder."""
+
+    def __init__(self, folder: Path) -> None:
         from safetensors.torch import load_model
 
         from runjob.host.model_build import rebuild_model
         from runjob.host.plugin_host import load_plugins
-        from runjob.job.validation import load_model_adapters, load_model_table
-        from runjob.record.prediction import Predictor
+        from runjob.job.validation import load_model_adapters, load_model_table, load_table
+        from runjob.record.prediction import load_predictor
 
         host = load_plugins()
-        job_file = Path(context.artifacts[JOB])
-        facts = context.artifacts.get(DATA_FACTS)
-        folder = Path(facts).parent if facts else None  # data_facts.json beside it, as in the run's folder
-        self.model, _ = rebuild_model(load_model_table(job_file, host), load_model_adapters(job_file, host), folder)
-        load_model(self.model, context.artifacts[WEIGHTS], strict=True)
+        job_file = folder / JOB_FILE
+        facts = folder if (folder / DATA_FACTS_FILE).is_file() else None
+        self.model, _ = rebuild_model(load_model_table(job_file, host), load_model_adapters(job_file, host), facts)
+        load_model(self.model, str(folder / WEIGHTS_FILE), strict=True)
         self.model.eval()
-        predictor = context.artifacts.get(PREDICTOR)
-        self.predictor = Predictor.load(Path(predictor)) if predictor else None
+        self.predictor = load_predictor(folder, host, load_table(job_file, host, "task"))
 
-    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> Any:
+    def get_raw_model(self) -> Any:
+        """The ``torch.nn.Module``, in eval mode (``mlflow.pyfunc.load_model(...).get_raw_model()``)."""
+        return self.model
+
+    def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> Any:
         """Raw inputs (a DataFrame with the signature's columns) in, a DataFrame of what ``runjob
         predict`` writes out (without its ``input`` column); a model whose dataset gave no
         :class:`runjob.Inputs` takes the model's input tensors (an array) and returns its outputs."""
@@ -135,42 +144,56 @@ def save_trained_model(
     and ``wheels`` (of distributions no index has) in ``folder/wheels``, named in the requirements."""
     import logging
 
-    from runjob.record.prediction import PREDICTOR_FILE
     from runjob.record.store import environment
 
     paths = RunFolder(output_dir)
-    artifacts = {WEIGHTS: str(paths.weights), JOB: str(paths.job_file)}
-    if prediction and (output_dir / PREDICTOR_FILE).is_file():
-        artifacts[PREDICTOR] = str(output_dir / PREDICTOR_FILE)
-    if paths.data_facts.is_file():
-        artifacts[DATA_FACTS] = str(paths.data_facts)
-    if paths.data_dir.is_dir():  # the tokenizer, label map...: what the data was prepared with
-        artifacts.update({DATA_ARTIFACT + file.name: str(file) for file in sorted(paths.data_dir.iterdir())})
     requirements = [f"{WHEELS_FOLDER}/{wheel.name}" for wheel in wheels] + requirements
-    logger = logging.getLogger("mlflow.pyfunc")  # its advice against pickled objects: this one is a
-    level = logger.level  # class of runjob's, pickled by reference, with no state of its own
+    logger = logging.getLogger("mlflow.pyfunc")
+    level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():  # the signature says what the model takes: no example is needed
-            warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
-            # no bar while it copies its files in; none of the checkout's uv files (uv.lock, pyproject.toml):
-            # the requirements say what the model needs, and MLflow's uv environment would sync the checkout's lock
-            with environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_LOG_UV_FILES": "false"}):
-                mlflow.pyfunc.save_model(
-                    str(folder),
-                    python_model=TrainedModel(),
-                    artifacts=artifacts,
-                    pip_requirements=requirements,
-                    signature=signature_of(prediction),
-                )
+        with tempfile.TemporaryDirectory(prefix="runjob-model-") as scratch:
+            data = Path(scratch) / RUN_DATA
+            _gather(paths, data, with_predictor=bool(prediction))
+            with warnings.catch_warnings():  # the signature says what the model takes: no example is needed
+                warnings.filterwarnings("ignore", message=".*An input example was not provided", category=UserWarning)
+                # no bar while it copies its files in; none of the checkout's uv files (uv.lock, pyproject.toml):
+                # the requirements say what the model needs, and MLflow's uv environment would sync the checkout's lock
+                with environment({"MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false", "MLFLOW_LOG_UV_FILES": "false"}):
+                    mlflow.pyfunc.save_model(
+                        str(folder),
+                        loader_module=__name__,
+                        data_path=str(data),
+                        pip_requirements=requirements,
+                        signature=signature_of(prediction),
+                    )
     finally:
         logger.setLevel(level)
     if wheels:
         (folder / WHEELS_FOLDER).mkdir()
         for wheel in wheels:
             shutil.copy2(wheel, folder / WHEELS_FOLDER / wheel.name)
-    _link_weights(RunFolder(output_dir).weights, folder / "artifacts" / WEIGHTS_FILE)  # MLflow's artifacts/ folder
+    _link_weights(paths.weights, folder / LOGGED_MODEL_WEIGHTS / WEIGHTS_FILE)  # MLflow's data/ folder
     return folder
+
+
+def _gather(paths: RunFolder, data: Path, with_predictor: bool) -> None:
+    """The files the model loads from, laid out as the run's folder: the weights (a hard link where
+    it can be), the job, the data's facts and files, and the predictor when it is saved."""
+    import os
+
+    data.mkdir()
+    try:
+        os.link(paths.weights, data / WEIGHTS_FILE)
+    except OSError:  # another file system
+        shutil.copy2(paths.weights, data / WEIGHTS_FILE)
+    shutil.copy2(paths.job_file, data / JOB_FILE)
+    if paths.data_facts.is_file():
+        shutil.copy2(paths.data_facts, data / DATA_FACTS_FILE)
+    if paths.data_dir.is_dir():  # the tokenizer, label map...: what the data was prepared with
+        shutil.copytree(paths.data_dir, data / DATA_DIR)
+    if with_predictor and paths.predictor_dir.is_dir():
+        shutil.copytree(paths.predictor_dir, data / PREDICTOR_DIR)
 
 
 def _link_weights(weights: Path, copy: Path) -> None:

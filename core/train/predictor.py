@@ -1,26 +1,27 @@
-"""The run's predictor, saved at the end of training for its MLflow model: the task, the dataset's
-:class:`runjob.Inputs` (the preprocessing fitted on the training data), the class names and a
-language model's context, pickled into ``OUTPUT_DIR/prediction.pkl`` (``runjob.record.prediction``),
-with the columns the MLflow model's signature declares."""
+"""The run's predictor, saved at the end of training for ``runjob predict`` and the MLflow model:
+the dataset's :class:`runjob.Inputs` (the preprocessing fitted on the training data) and the
+task's state as data, with the class names, a language model's context and the columns the MLflow
+model's signature declares, in ``OUTPUT_DIR/predictor/`` (``runjob.record.prediction``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from runjob.errors import describe
+from runjob.host.components import Inputs
 from runjob.host.task import generates
 from runjob.record.prediction import Predictor, column_types
+from runjob.record.prediction import save_predictor as write_predictor
 
 SHARDED = ("FSDP", "DEEPSPEED")
 
 
 def save_predictor(
-    job: Any, accelerator: Any, model: Any, splits: Any, task: Any, output_dir: Path
+    job: Any, accelerator: Any, model: Any, splits: Any, task: Any, output_dir: Path, host: Any, facts: Any
 ) -> tuple[dict[str, Any] | None, str | None]:
-    """Pickle the run's predictor into ``output_dir``; returns what the MLflow model's signature
-    needs (input and output columns, whether it generates), or ``None`` and the line that says
-    why the MLflow model cannot predict from raw inputs. Call it on the main process only."""
+    """Save the run's predictor into ``output_dir`` as data; returns what the MLflow model's
+    signature needs (input and output columns, whether it generates), or ``None`` and the line that
+    says why the MLflow model cannot predict from raw inputs. Call it on the main process only."""
     plain = "the MLflow model takes the model's input tensors as they are (not raw inputs as `runjob predict` does): "
     inputs = splits.inputs
     if inputs is None:
@@ -38,11 +39,21 @@ def save_predictor(
         outputs = {"continuation": "string"} if inputs.decodes else None
     elif accelerator.distributed_type.name not in SHARDED:  # a sharded model's forward needs every process
         outputs = _output_columns(accelerator.unwrap_model(model, keep_torch_compile=False), task, splits)
-    predictor = Predictor(task, inputs, splits.classes, context, outputs, splits.collate)
+    predictor = Predictor(task, inputs, splits.classes, context, outputs)
     try:
-        predictor.save(output_dir)
-    except Exception as error:  # noqa: BLE001 - pickle raises many kinds for an object it cannot store
-        return None, plain + f"the task or the dataset's inputs cannot be pickled ({describe(error)})"
+        write_predictor(predictor, output_dir, host, job.task, facts)
+    except ValueError as error:
+        return None, plain + (
+            f"dataset {job.dataset.name!r}'s predictor is not saved: {error}; `runjob predict` reads inputs by "
+            "building the dataset again"
+        )
+    if splits.collate is not None and type(inputs).collate is Inputs.collate:
+        print(
+            f"runjob: dataset {job.dataset.name!r} batches with DatasetSplits.collate, but its inputs "
+            f"({type(inputs).__qualname__}) define no collate: prediction from this run stacks encoded inputs "
+            "(a run keeps data, not the dataset's functions)",
+            flush=True,
+        )
     return {"inputs": dict(inputs.columns), "outputs": outputs, "generates": generating}, None
 
 

@@ -41,7 +41,7 @@ from runjob.host.run_context import (
     save_weights,
     write_named_models,
 )
-from runjob.host.run_folder import ADAPTERS_DIR, DATA_DIR, WEIGHTS_FILE, RunFolder
+from runjob.host.run_folder import ADAPTERS_DIR, DATA_DIR, PREDICTOR_DIR, WEIGHTS_FILE, RunFolder
 from runjob.host.task import Task, declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
 from runjob.job.validation import ResolvedJob
@@ -277,7 +277,7 @@ def _session(request: RunRequest, host: PluginHost, stop: StopRequest) -> RunOut
         _record_baselines(recorder, accelerator, built.splits.baselines)
         run, events, loop = _assemble(request, host, prepared, built, recorder, run_id, stop)
         loop.fit()
-        summary = _finish_training(job, prepared, built, recorder, loop, time.monotonic() - began)
+        summary = _finish_training(job, host, prepared, built, recorder, loop, time.monotonic() - began)
     except (KeyboardInterrupt, Terminated) as interrupt:
         status, error = "KILLED", interrupt
         if accelerator.is_main_process:
@@ -399,7 +399,13 @@ def _assemble(
 
 
 def _finish_training(
-    job: ResolvedJob, prepared: Prepared, built: Built, recorder: Recorder, loop: TrainingLoop, seconds: float
+    job: ResolvedJob,
+    host: PluginHost,
+    prepared: Prepared,
+    built: Built,
+    recorder: Recorder,
+    loop: TrainingLoop,
+    seconds: float,
 ) -> list[str]:
     """The final weights saved, the finished run's checkpoints tidied, the outputs recorded (the
     MLflow model built and waited for); the summary lines to print."""
@@ -414,7 +420,7 @@ def _finish_training(
     tidied = tidy_finished(output_dir, job.train.keep_checkpoints_finished)
     if tidied:
         print(f"runjob: {tidied}")
-    _record_outputs(recorder, job, output_dir, built.splits, built.task, accelerator, built.model)
+    _record_outputs(recorder, job, output_dir, built, accelerator, host)
     _record_named_models(recorder, output_dir)
     summary = _summary(job, recorder, output_dir, loop, seconds)
     recorder.model_logged()
@@ -534,7 +540,7 @@ def _record_baselines(recorder: Recorder, accelerator: Any, baselines: dict[str,
 
 
 def _record_outputs(
-    recorder: Recorder, job: ResolvedJob, output_dir: Path, splits: Any, task: Task, accelerator: Any, model: Any
+    recorder: Recorder, job: ResolvedJob, output_dir: Path, built: Built, accelerator: Any, host: PluginHost
 ) -> None:
     """Log the final weights, and have the recording process build the final model as an MLflow
     model (``best/`` is ``best_weights``'s; :meth:`Recorder.model_logged` waits for the model). A
@@ -543,16 +549,20 @@ def _record_outputs(
     if job.tracking.log_model == "weights":
         from runjob.train.predictor import save_predictor
 
-        prediction, why_not = save_predictor(job, accelerator, model, splits, task, output_dir)
+        prediction, why_not = save_predictor(
+            job, accelerator, built.model, built.splits, built.task, output_dir, host, built.facts
+        )
         if why_not:
             print(f"runjob: {why_not}", flush=True)
+        else:  # runjob predict runs:/ID reads it where the run's folder is not
+            recorder.log_artifact(RunFolder(output_dir).predictor_dir, PREDICTOR_DIR)
         recorder.log_model(prediction=prediction)  # it holds model.safetensors: stored once in MLflow
         return
     recorder.log_artifact(RunFolder(output_dir).weights)
     if job.tracking.log_model != "none":
         from runjob.train.data_loading import example_batch
 
-        recorder.log_model(task.inputs(example_batch(splits.val, splits.collate)))
+        recorder.log_model(built.task.inputs(example_batch(built.splits.val, built.splits.collate)))
 
 
 def _keep_data(recorder: Recorder, accelerator: Any, job: ResolvedJob, output_dir: Path, built: Built) -> None:

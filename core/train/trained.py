@@ -21,7 +21,7 @@ from runjob.host.components import DataFacts, DatasetSplits, ImageTensors
 from runjob.host.model_build import adapter_places, apply_adapters, make_adapters, read_facts, takes_data
 from runjob.host.model_build import build_model as make_model
 from runjob.host.run_context import Run, RunParts
-from runjob.host.run_folder import DATA_FACTS_FILE, JOB_FILE, WEIGHTS_FILE, RunFolder
+from runjob.host.run_folder import DATA_FACTS_FILE, JOB_FILE, PREDICTOR_DIR, WEIGHTS_FILE, RunFolder
 from runjob.host.task import Task
 from runjob.job.jobfile import load_job as load_job_file
 from runjob.job.validation import ResolvedJob, resolve
@@ -113,6 +113,7 @@ def _from_mlflow(reference: str, tracking_uri: str | None, scratch: Path) -> Tra
         _download(uri, run_id, JOB_FILE, scratch, required=True)
         _download(uri, run_id, WEIGHTS_FILE, scratch, required=False)
         _download(uri, run_id, DATA_FACTS_FILE, scratch, required=False)
+        _download(uri, run_id, PREDICTOR_DIR, scratch, required=False)
     return found
 
 
@@ -138,6 +139,21 @@ def load_job(run: TrainedRun, overrides: list[str], host: Any, data: bool = True
     if isinstance(model, dict):  # the trained weights replace where training started: it need not be here
         model.pop("init_from", None)
     return resolve(raw, host, () if data else ("dataset",))
+
+
+def saved(run: TrainedRun, host: Any, trust_pickle: bool = False) -> tuple[ResolvedJob | None, Any]:
+    """The run's job and the predictor it saved (``runjob.record.prediction.load_predictor``:
+    rebuilt from data by the installed plugins), or ``(None, None)`` when it saved none. The
+    job's dataset is not checked where the run kept its facts: its files need not be here."""
+    from runjob.record.prediction import load_predictor, saved_any
+
+    if not saved_any(run.folder):
+        return None, None
+    job = load_job(run, [], host, data=not RunFolder(run.folder).data_facts.is_file())
+    predictor = load_predictor(run.folder, host, job.task, trust_pickle)
+    if predictor is None or predictor.inputs is None:  # an older pickled one without inputs: the data, built
+        return None, None
+    return job, predictor
 
 
 def build_model(job: ResolvedJob, model_file: Path, folder: Path | None = None, splits: Any = None) -> Any:
