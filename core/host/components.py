@@ -415,11 +415,12 @@ class Inputs(ABC):
         return cls(**checked_arguments(cls, data))
 
     def collate(self, samples: list[Any]) -> Any:
-        """A batch of what :meth:`encode` gives, for ``runjob predict`` and the MLflow model: by
-        default runjob's stacking of tensors (and of dicts, tuples and lists of them). Override it
-        when encoded inputs differ in length (padding a batch to its longest input): the run keeps
-        data, not ``DatasetSplits.collate``, so prediction from a finished run batches with this."""
-        return stack(samples, f"{type(self).__qualname__} a collate method")
+        """A batch of what :meth:`encode` gives, for ``runjob predict`` and the MLflow model, or
+        ``None`` (the default) to have runjob stack them (tensors, and dicts, tuples and lists of
+        them). Override it when encoded inputs differ in length (padding a batch to its longest
+        input): a run keeps data, not ``DatasetSplits.collate``, so prediction from a finished run
+        batches with this."""
+        return None
 
     def files(self, path: Path) -> list[Path]:
         """The files :meth:`read` takes from ``path``: the file itself, or every file in the folder
@@ -440,24 +441,6 @@ class Inputs(ABC):
                 self.files(path)  # checked here too, for a ``read`` that does not take its files from files()
             records = list(self.read(path))
         return EncodedInputs(self, records, str(path), skipped_notes(state, str(path), self.reads))
-
-
-def stack(batch: list[Any], padder: str = "a DatasetSplits.collate") -> Any:
-    """torch's default collation (tensors stacked; dicts, tuples and lists of them alike), with a
-    one-line :class:`runjob.DataError` when inputs differ in shape (``padder``: what would pad them)."""
-    from torch.utils.data import default_collate
-
-    try:
-        return default_collate(batch)
-    except RuntimeError as error:
-        if "stack expects each tensor to be equal size" not in str(error):
-            raise
-        from runjob.errors import DataError
-
-        raise DataError(
-            f"inputs in one batch have different shapes ({error}); the dataset must give inputs of one size "
-            f"(for image folders: set dataset.image_size), or {padder} that pads them"
-        ) from None
 
 
 class EncodedInputs:

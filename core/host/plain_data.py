@@ -56,10 +56,8 @@ def as_json(value: Any) -> Any:
 def init_arguments(cls: type) -> list[str]:
     """The names of the arguments ``cls.__init__`` takes (besides ``self``); ``TypeError`` when it
     also takes ``*args`` or ``**kwargs``, which cannot be read back by name."""
-    if cls.__init__ is object.__init__:
-        return []
     names = []
-    for name, parameter in list(inspect.signature(cls.__init__).parameters.items())[1:]:
+    for name, parameter in inspect.signature(cls).parameters.items():  # the constructor's, without self
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise TypeError(
                 f"{cls.__qualname__}.__init__ takes {'*' if parameter.kind is parameter.VAR_POSITIONAL else '**'}"
@@ -97,15 +95,13 @@ def checked_arguments(cls: type, data: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"{cls.__qualname__}.__init__ takes no {', '.join(map(repr, unknown))}")
     if not names:
         return {}
-    signature = inspect.signature(cls.__init__, eval_str=True)  # the plugin's own annotations
+    signature = inspect.signature(cls, eval_str=True)  # the plugin's own annotations
     fields: dict[str, Any] = {}
     for name in names:
         parameter = signature.parameters[name]
         annotation = Any if parameter.annotation is parameter.empty else parameter.annotation
         fields[name] = (annotation, ... if parameter.default is parameter.empty else parameter.default)
-    model = create_model(  # type: ignore[call-overload]
-        f"{cls.__qualname__}Arguments", __config__=ConfigDict(arbitrary_types_allowed=True), **fields
-    )
+    model = create_model(f"{cls.__qualname__}Arguments", __config__=ConfigDict(arbitrary_types_allowed=True), **fields)
     try:
         checked = model.model_validate(data)
     except ValidationError as error:

@@ -372,9 +372,9 @@ def _register_into(found: list[Component], kind: str, plugin_name: str) -> hooks
             raise TypeError(f"{kind} {name!r}: a name cannot hold ':', which jobs write between plugin and name")
         if not callable(factory):
             raise TypeError(f"{kind} {name!r}: factory {factory!r} is not callable")
-        required = BY_NAME[kind].factory_class
-        if required is not None and not (isinstance(factory, type) and issubclass(factory, required)):
-            raise TypeError(f"{kind} {name!r}: {factory!r} is not a subclass of runjob.{required.__name__}")
+        factory_class = BY_NAME[kind].factory_class
+        if factory_class is not None and not (isinstance(factory, type) and issubclass(factory, factory_class)):
+            raise TypeError(f"{kind} {name!r}: {factory!r} is not a subclass of runjob.{factory_class.__name__}")
         base = BY_NAME[kind].options_base
         if options is not None and not (isinstance(options, type) and issubclass(options, base)):
             raise TypeError(f"{kind} {name!r}: options must be a subclass of runjob.{base.__name__}")

@@ -40,8 +40,10 @@ def save_mlflow_model(
 
         folder = output_dir / MODEL_FOLDER
         shutil.rmtree(folder, ignore_errors=True)
-        plugin = next((p for p in (host.plugins if host else []) if p.name == job.model.component.plugin), None)
-        names = ["torch", "runjob-train", "safetensors", *([plugin.distribution] if plugin else [])]
+        # the plugins that rebuild it: the model's, and the dataset's and task's (its predictor's inputs and task)
+        used = {job.model.component.plugin, job.dataset.component.plugin, job.task.component.plugin}
+        plugins = [p.distribution for p in (host.plugins if host else []) if p.name in used and p.distribution]
+        names = ["torch", "runjob-train", "safetensors", *plugins]
         # what the model's and adapters' components wrap (transformers, peft), by their `libraries` fact
         for component in [job.model.component, *(chosen.component for chosen in getattr(job, "adapters", {}).values())]:
             names += [name for name in component.facts.get("libraries", ()) if _installed(name)]

@@ -27,8 +27,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runjob.errors import RunjobError, describe, first_line
-from runjob.host.components import Inputs, stack
+from runjob.errors import DataError, RunjobError, describe, first_line
+from runjob.host.components import Inputs
 from runjob.host.plain_data import as_json, check_plain, round_trip
 from runjob.host.run_folder import PREDICTOR_FILE, PREDICTOR_INPUTS_DIR, RunFolder
 from runjob.host.task import Task, generates
@@ -97,7 +97,9 @@ class Predictor:
             decode = self.inputs.decode if self.inputs is not None and self.inputs.decodes else None
             return continuation_rows(model, self.task, decode, items, self.context or 0, **settings)
         # the dataset's collate, else the inputs' (a plain decoder has none: stacking)
-        batches = getattr(self, "collate", None) or getattr(self.inputs, "collate", None)
+        batches = getattr(self, "collate", None) or (
+            _InputsBatches(self.inputs) if isinstance(self.inputs, Inputs) else None
+        )
         return prediction_rows(model, self.task, self.classes, items, batch_size, source, what, batches)
 
 
@@ -281,9 +283,31 @@ def _unpickle(path: Path) -> Predictor:
     return predictor
 
 
-def collate(batch: list[Any]) -> Any:
-    """torch's default collation, with a clear message when inputs differ in shape."""
-    return stack(batch)
+def collate(batch: list[Any], padder: str = "a DatasetSplits.collate") -> Any:
+    """torch's default collation (tensors stacked; dicts, tuples and lists of them alike), with a
+    one-line :class:`runjob.DataError` when inputs differ in shape (``padder``: what would pad them)."""
+    from torch.utils.data import default_collate
+
+    try:
+        return default_collate(batch)
+    except RuntimeError as error:
+        if "stack expects each tensor to be equal size" not in str(error):
+            raise
+        raise DataError(
+            f"inputs in one batch have different shapes ({error}); the dataset must give inputs of one size "
+            f"(for image folders: set dataset.image_size), or {padder} that pads them"
+        ) from None
+
+
+class _InputsBatches:
+    """Encoded inputs batched by their :meth:`runjob.Inputs.collate`, or stacked where it gives ``None``."""
+
+    def __init__(self, inputs: Any) -> None:
+        self.inputs = inputs
+
+    def __call__(self, samples: list[Any]) -> Any:
+        batch = self.inputs.collate(samples)
+        return collate(samples, f"{type(self.inputs).__qualname__} a collate method") if batch is None else batch
 
 
 def prediction_rows(
