@@ -236,7 +236,11 @@ def runjob_register_tasks(register: Register) -> None:
     ``metrics()`` to declare what evaluation reports (names without the ``val/`` prefix, each
     ``"max"`` or ``"min"``), so ``runjob validate`` checks ``train.best_metric`` and the
     ``[sweep]`` metric before anything runs. ``factory(options, data) -> runjob.Task``, where
-    ``data`` is the dataset's :class:`runjob.DatasetSplits` (its ``num_classes``, ``classes``).
+    ``data`` is the dataset's :class:`runjob.DatasetSplits` (its ``num_classes``, ``classes``) in
+    training, and the run's :class:`runjob.DataFacts` (the same fields, saved as ``data_facts.json``)
+    when ``runjob predict``, ``export`` or the MLflow model rebuild a finished run's task without its
+    data: read only fields both have. What else a task learns from the data for prediction it keeps
+    with :meth:`runjob.Task.to_data` / :meth:`runjob.Task.restore`.
 
     A :class:`runjob.Task` says what a batch means; the host does the rest (moving batches to the
     device with Accelerate, backward, accumulation, clipping, the non-finite guard, the optimizer and
