@@ -1,12 +1,17 @@
 """Text classification with the built-in classification task (batches ``({"input_ids",
 "attention_mask"}, label)``, padded per batch), and token classification with this package's
 token_classification task, on tiny BERT-shaped models: one built from a config, one read from a
-local folder (save_pretrained), its head sized by the data."""
+local folder (save_pretrained), its head sized by the data. The token classifier's run keeps its
+inputs as data (predictor/), which predict reads once the data is gone, and refuses in one line
+when they are tampered with."""
 
 import csv
 import json
 
 from corpora import TINY_BERT, reviews, tagged, write_jsonl
+from runjob_hf.inputs import Words
+
+from runjob.testing import round_trip_inputs
 
 CLASSIFY = f"""
     [job]
@@ -90,3 +95,25 @@ def test_a_token_classifier_from_a_local_folder_learns_tags(runjob_tester):
     assert row["input"] == "line 1" and "class_0" in row
     positions = [row[key] for key in row if key.startswith("class_")]
     assert set(positions) <= {"LOC", "O", "PER"}, "each position's class by the dataset's names"
+
+    # the predictor is data: the words' tokenizer, ids, length and tag names, read back by the plugin
+    predictor = run.output_dir / "predictor"
+    kept = json.loads((predictor / "predictor.json").read_text())
+    assert (kept["inputs"]["name"], kept["inputs"]["plugin"]) == ("hf_words", "hf")
+    words = Words.from_data(kept["inputs"]["data"], predictor / "inputs")
+    assert (words.max_length, words.classes) == (16, ["LOC", "O", "PER"])
+    rebuilt = round_trip_inputs(words, runjob_tester.path / "kept-again")
+    assert rebuilt.encode({"text": "alice went to oslo"})["input_ids"].tolist() == (
+        words.encode({"text": "alice went to oslo"})["input_ids"].tolist()
+    )
+    (runjob_tester.path / "tagged.jsonl").unlink()  # prediction reads the tokenizer from the run
+    again = runjob_tester.cli("predict", "runs/tags", "--input", "new.txt")
+    assert again.returncode == 0, again.stderr
+    assert [json.loads(line) for line in again.stdout.splitlines()] == [row], "as with the data there"
+
+    tokenizer = predictor / "inputs" / "tokenizer.json"
+    tokenizer.write_text(tokenizer.read_text(encoding="utf-8")[:-40], encoding="utf-8")  # cut short
+    tampered = runjob_tester.cli("predict", "runs/tags", "--input", "new.txt")
+    assert tampered.returncode == 2 and tampered.stdout == ""
+    [line] = tampered.stderr_lines
+    assert str(predictor / "predictor.json") in line and "tokenizer.json is not a tokenizers tokenizer.json" in line

@@ -1,7 +1,7 @@
 """A GPT-2-shaped transformers model, built from a config, with a byte-level BPE tokenizer trained
 on text the test writes, trains with runjob's built-in language_modeling task; the run keeps its
-tokenizer, so predict works after the corpus is gone; export --format hf writes a folder
-transformers reads back, which continues a prompt as runjob predict does."""
+tokenizer in its predictor, as data, so predict works after the corpus is gone; export --format hf
+writes a folder transformers reads back, which continues a prompt as runjob predict does."""
 
 import json
 import shutil
@@ -56,8 +56,11 @@ def test_gpt2_with_a_trained_bpe_trains_predicts_without_its_corpus_and_exports(
     assert run.local_history("val/perplexity") and run.local_history("train/tokens_per_s")
     [(_, bits)] = run.local_history("val/bits_per_byte")
     assert 0 < bits < 8
-    assert {"data", "data_facts.json", "prediction.pkl"} <= run.files
-    assert (run.output_dir / "data" / "tokenizer.json").is_file()
+    assert {"data", "data_facts.json", "predictor"} <= run.files and "prediction.pkl" not in run.files
+    tokenizer_json = (run.output_dir / "data" / "tokenizer.json").read_text(encoding="utf-8")
+    kept = json.loads((run.output_dir / "predictor" / "predictor.json").read_text())
+    assert (kept["inputs"]["name"], kept["inputs"]["plugin"]) == ("hf_prompts", "hf"), "kept as data, by name"
+    assert (run.output_dir / "predictor" / "inputs" / "tokenizer.json").read_text(encoding="utf-8") == tokenizer_json
     facts = json.loads((run.output_dir / "data_facts.json").read_text())
     assert facts["vocab_size"] == facts["num_classes"] <= 400 and facts["context"] == 32
     assert run.tags["runjob.library.transformers"]

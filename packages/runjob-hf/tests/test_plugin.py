@@ -17,6 +17,7 @@ def test_runjob_lists_the_plugin_and_its_components(runjob_tester):
         "tasks: token_classification",
         "callbacks: bits_per_byte",
         "exporters: hf",
+        "inputs: hf_prompts, hf_texts, hf_words",
     ):
         assert line in result.stdout
     assert "FAILED" not in result.stdout

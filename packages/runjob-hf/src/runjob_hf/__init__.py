@@ -3,9 +3,11 @@
 Components: the model ``hf`` (any transformers ``AutoModelFor...`` model, pretrained from the
 cache or a folder, or built from a config), the datasets ``hf_text``, ``hf_classification`` and
 ``hf_token_classification`` (tables read memory-mapped with ``datasets``, text files; a tokenizer
-loaded or trained on the training split), the task ``token_classification``, the callback
-``bits_per_byte`` and the export format ``hf`` (``save_pretrained``). Only pydantic and runjob are
-imported here: torch, transformers, tokenizers and datasets load inside the factories.
+loaded or trained on the training split), their inputs ``hf_prompts``, ``hf_texts`` and
+``hf_words`` (kept by a run as data: its tokenizer.json, special token ids and class names), the
+task ``token_classification``, the callback ``bits_per_byte`` and the export format ``hf``
+(``save_pretrained``). Only pydantic and runjob are imported here: torch, transformers, tokenizers
+and datasets load inside the factories and methods.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import runjob
+from runjob_hf.inputs import Prompts, Texts, Words
 from runjob_hf.options import (
     HFClassificationOptions,
     HFModelOptions,
@@ -89,6 +92,13 @@ def runjob_register_datasets(register: runjob.Register) -> None:
         description="a table's words and tags columns, tags on each word's first token, for token_classification",
         libraries=libraries,
     )
+
+
+@runjob.hookimpl
+def runjob_register_inputs(register: runjob.Register) -> None:
+    register("hf_prompts", Prompts, description="prompts for hf_text's language models, tokenized as its documents")
+    register("hf_texts", Texts, description="texts to classify, tokenized and padded as hf_classification's rows")
+    register("hf_words", Words, description="text split into words, tokenized as hf_token_classification's rows")
 
 
 @runjob.hookimpl

@@ -1,7 +1,9 @@
 """Raw text in, model inputs out: the :class:`runjob.Inputs` of runjob-hf's datasets, for ``runjob
 predict`` (``--input FILE``, ``--prompt TEXT``) and the run's MLflow model (a ``text`` column).
-Each holds its tokenizer as plain values (a :class:`~runjob_hf.tokenizing.Vocabulary`), so the
-run's predictor needs neither the corpus nor the dataset's options."""
+Each holds its tokenizer as plain values (a :class:`~runjob_hf.tokenizing.Vocabulary`) and is kept
+by a run as data (:meth:`_TextInputs.to_data`: ``tokenizer.json`` in the predictor's folder, the
+special token ids, ``max_length`` and the class names as JSON), so the run's predictor needs neither
+the corpus nor the dataset's options. Imports no torch or tokenizers at module level."""
 
 from __future__ import annotations
 
@@ -10,10 +12,28 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 import runjob
 from runjob_hf.tokenizing import LazyTokenizer, Vocabulary
 
 _TABLES = {".jsonl", ".csv"}
+TOKENIZER_FILE = "tokenizer.json"
+"""The file the tokenizer's JSON is kept in, in the folder :meth:`_TextInputs.to_data` is given."""
+
+
+class _Saved(BaseModel):
+    """What :meth:`_TextInputs.to_data` gives, checked by :meth:`_TextInputs.from_data`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tokenizer: str = Field(min_length=1)
+    pad_id: int | None = Field(ge=0)
+    eos_id: int | None = Field(ge=0)
+    bos_id: int | None = Field(ge=0)
+    special: dict[str, str]
+    max_length: int = Field(ge=1)
+    classes: list[str] | None
 
 
 def _read_file(path: Path) -> str:
@@ -37,8 +57,61 @@ class _TextInputs(runjob.Inputs):
 
     @property
     def tokenizer(self) -> Any:
-        """A ``tokenizers.Tokenizer`` of its own (built once, not pickled), cutting at ``max_length``."""
+        """A ``tokenizers.Tokenizer`` of its own (built where it is first used), cutting at ``max_length``."""
         return self._lazy.get()
+
+    def to_data(self, folder: Path) -> dict[str, Any]:
+        """The tokenizer's JSON written as ``folder/tokenizer.json``; its special token ids and
+        roles, ``max_length`` and the class names as JSON values, with the file's name."""
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / TOKENIZER_FILE).write_text(self.vocabulary.json, encoding="utf-8")
+        vocabulary = self.vocabulary
+        return {
+            "tokenizer": TOKENIZER_FILE,
+            "pad_id": vocabulary.pad_id,
+            "eos_id": vocabulary.eos_id,
+            "bos_id": vocabulary.bos_id,
+            "special": dict(vocabulary.special),
+            "max_length": self.max_length,
+            "classes": list(self.classes) if self.classes is not None else None,
+        }
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any], folder: Path) -> _TextInputs:
+        """The inputs :meth:`to_data` described, their tokenizer read from ``folder``. ``ValueError``
+        naming the key of a missing or mistyped value, a file name that is not a plain name in
+        ``folder``, a tokenizer.json that ``tokenizers`` cannot read, or a special token id
+        outside its vocabulary."""
+        try:
+            saved = _Saved.model_validate(data)
+        except ValidationError as error:
+            problem = error.errors()[0]
+            key = ".".join(str(part) for part in problem["loc"]) or "(the data)"
+            shown = "" if problem["type"] == "missing" else f" = {json.dumps(problem.get('input'), default=repr)[:80]}"
+            raise ValueError(f"{key}{shown}: {problem['msg']}") from None
+        name = saved.tokenizer
+        if Path(name).name != name or name in (".", ".."):
+            raise ValueError(f"tokenizer = {json.dumps(name)}: must name a file in {folder}, not a path")
+        path = folder / name
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(f"tokenizer: cannot read {path} ({getattr(error, 'strerror', None) or error})") from None
+        from tokenizers import Tokenizer
+
+        try:
+            tokenizer = Tokenizer.from_str(text)
+        except Exception as error:  # noqa: BLE001 - tokenizers raises plain Exceptions for a file it refuses
+            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise ValueError(f"tokenizer: {path} is not a tokenizers tokenizer.json ({detail})") from None
+        size = tokenizer.get_vocab_size(with_added_tokens=True)
+        for key in ("pad_id", "eos_id", "bos_id"):
+            value = getattr(saved, key)
+            if value is not None and value >= size:
+                raise ValueError(f"{key} = {value}: not a token id of {path} (it has {size:,})")
+        vocabulary = Vocabulary(text, saved.pad_id, saved.eos_id, saved.bos_id, saved.special)
+        vocabulary._tokenizer = tokenizer
+        return cls(vocabulary, saved.max_length, saved.classes)
 
     @staticmethod
     def _text(record: dict[str, Any]) -> str:

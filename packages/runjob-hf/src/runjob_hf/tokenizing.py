@@ -1,7 +1,8 @@
 """Tokenizers: loaded from the Hugging Face cache, a local folder or a ``tokenizer.json`` (nothing is
 downloaded), or trained with ``tokenizers`` on the training split's text. Either way the dataset
 works with a :class:`Vocabulary`: the ``tokenizers.Tokenizer`` (its JSON) and its special token ids,
-plain values that pickle into the run's predictor and MLflow model."""
+plain values that a run keeps as data (its predictor's ``inputs/tokenizer.json`` and the ids as
+JSON: :meth:`runjob_hf.inputs._TextInputs.to_data`)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ _NAMES = {
 
 class LazyTokenizer:
     """A ``tokenizers.Tokenizer`` built from its JSON where it is first used (a DataLoader worker,
-    datasets' map, a loaded MLflow model) and pickled as the JSON alone: no padding, and cut at
-    ``max_length`` when given."""
+    datasets' map, a loaded MLflow model): no padding, and cut at ``max_length`` when given. Copied
+    as the JSON alone (``__getstate__``) where DataLoader workers and datasets' map (its fingerprint,
+    its worker processes) pickle the encoders holding it; a run never keeps it as a pickle."""
 
     def __init__(self, json: str, max_length: int | None = None) -> None:
         self.json, self.max_length = json, max_length
@@ -68,7 +70,7 @@ class Vocabulary:
 
     @property
     def tokenizer(self) -> Any:
-        """The ``tokenizers.Tokenizer`` (built once, not pickled)."""
+        """The ``tokenizers.Tokenizer`` (built once; left out of a copy made for a DataLoader worker)."""
         if self._tokenizer is None:
             from tokenizers import Tokenizer
 
