@@ -222,7 +222,11 @@ class ImageFileInputs(Inputs):
     columns = {"image": "binary"}
     reads = "image"
 
-    def __init__(self, size: int | None, mean, std, gray: bool = False) -> None:
+    def __init__(self, size: int | None, mean: list[float], std: list[float], gray: bool = False) -> None:
+        if size is not None and size < 1:  # a run's predictor is data: checked when it is rebuilt
+            raise ValueError(f"size {size}: must be at least 1")
+        if len(mean) not in (1, 3) or len(std) != len(mean) or not all(s > 0 for s in std):
+            raise ValueError(f"mean {list(mean)} and std {list(std)}: one or three values each, std above 0")
         self.size, self.mean, self.std, self.gray = size, [float(m) for m in mean], [float(s) for s in std], gray
         self._transform = None
 
