@@ -46,6 +46,12 @@ For unit tests of a task or a callback, in milliseconds and without a run: :func
 
     run = drive(MyCallback(options), steps=20, log_every=5, losses=[3.0] * 20)
     assert run.history("train/plateau_steps") == [(5, 0), (10, 1), (15, 2)] and run.stop_reason
+
+For a dataset's :class:`runjob.Inputs`, :func:`round_trip_inputs` checks that a finished run can
+keep it as data and rebuild it (its ``to_data``/``from_data``), as ``runjob predict`` will::
+
+    rebuilt = round_trip_inputs(MyRows(mean=[0.5], std=[2.0]), tmp_path)
+    assert rebuilt.encode({"x": 1.5}) == 0.5
 """
 
 from __future__ import annotations
@@ -95,6 +101,7 @@ __all__ = [
     "install_project",
     "make_plugin_dist",
     "read_run",
+    "round_trip_inputs",
     "run_process_group",
     "running_mlflow_server",
     "write_job",
@@ -924,6 +931,30 @@ def _loss_tensor(loss: float) -> Any:
     import torch
 
     return torch.tensor(loss)
+
+
+def round_trip_inputs(inputs: Any, folder: str | Path) -> Any:
+    """``inputs`` (a dataset's :class:`runjob.Inputs`) written as data into ``folder`` and rebuilt
+    from it, as a finished run's predictor is read back by ``runjob predict``, ``runjob export`` and
+    the run's MLflow model (:func:`runjob.host.plain_data.round_trip`); returns the rebuilt object.
+
+    ``AssertionError`` with the one-line reason when it does not survive (its state is not plain
+    data, an ``__init__`` argument is not kept under its name, ``from_data`` refuses what
+    ``to_data`` gave or rebuilds another object), so a plugin's own test shows why a run of it
+    would save no predictor."""
+    from runjob.errors import describe, first_line
+    from runjob.host.components import Inputs
+    from runjob.host.plain_data import round_trip
+
+    if not isinstance(inputs, Inputs):
+        raise AssertionError(f"{type(inputs).__qualname__} is not a runjob.Inputs")
+    try:
+        return round_trip(inputs, Path(folder))
+    except (TypeError, ValueError) as error:
+        reason = first_line(error)
+    except Exception as error:  # noqa: BLE001 - a plugin's to_data or from_data may raise anything
+        reason = describe(error)
+    raise AssertionError(f"{type(inputs).__qualname__} cannot be kept as data: {reason}")
 
 
 # ---------------------------------------------------------------------------------------------

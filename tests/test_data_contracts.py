@@ -72,6 +72,9 @@ class Words(runjob.Inputs):
             raise ValueError(f"words not in the vocabulary: {unknown}")
         return torch.tensor([self.vocabulary[w] for w in record["text"].split()])
 
+    def collate(self, samples):  # prediction from the finished run pads as training did
+        return pad(samples)
+
 
 def build_data(options):
     corpus = Path(options.corpus)
@@ -140,6 +143,11 @@ def runjob_register_datasets(register):
 
 
 @runjob.hookimpl
+def runjob_register_inputs(register):
+    register("words", Words, description="lines of words of the corpus's vocabulary")
+
+
+@runjob.hookimpl
 def runjob_register_models(register):
     register("bag", build_bag, options=BagOptions)
 
@@ -197,7 +205,15 @@ def test_the_data_reaches_the_model_and_stays_with_the_run(trained):
     kept = run.output_dir / "data" / "vocabulary.json"
     assert json.loads(kept.read_text()) == json.loads((tester.path / "corpus" / "vocabulary.json").read_text())
     assert {"data/vocabulary.json", "data_facts.json"} <= run.mlflow.artifacts() | run.mlflow.artifacts("data")
-    assert (run.output_dir / "mlflow_model" / "artifacts" / "vocabulary.json").is_file()
+    assert (run.output_dir / "mlflow_model" / "data" / "run" / "data" / "vocabulary.json").is_file()
+    # the fitted vocabulary is kept as data, under the name the plugin registered Words by
+    predictor = json.loads((run.output_dir / "predictor" / "predictor.json").read_text())
+    assert predictor["inputs"] == {
+        "name": "words",
+        "plugin": "sums_plugin",
+        "data": {"vocabulary": json.loads(kept.read_text())},
+    }
+    assert (run.output_dir / "mlflow_model" / "data" / "run" / "predictor" / "predictor.json").is_file()
     assert run.tags["runjob.library.numpy"] == version("numpy")
     # the model states its FLOPs: 6 x parameters x samples per batch
     parameters = 6 * 8 + 8 * 2 + 2

@@ -101,6 +101,11 @@ def runjob_register_datasets(register):
 
 
 @runjob.hookimpl
+def runjob_register_inputs(register):
+    register("dict_rows", RowInputs, description="rows of a, b, c from a CSV file")
+
+
+@runjob.hookimpl
 def runjob_register_models(register):
     register("keyword_linear", build_model)
 
@@ -162,12 +167,11 @@ def _expected(run, rows):
 
 
 def test_a_dict_task_trains_and_its_mlflow_model_knows_its_columns(trained):
-    from runjob.record.prediction import Predictor
-
     _, run = trained
     assert run.local_history("val/mae"), "evaluation ran through the task"
-    predictor = Predictor.load(run.output_dir / "prediction.pkl")
-    assert predictor.output_columns == {"value": "double"}, "prediction ran on dict inputs at the end of training"
+    saved = json.loads((run.output_dir / "predictor" / "predictor.json").read_text())
+    assert saved["outputs"] == {"value": "double"}, "prediction ran on dict inputs at the end of training"
+    assert saved["inputs"] == {"name": "dict_rows", "plugin": "dict_task", "data": {}}, "RowInputs keeps no state"
 
 
 def test_evaluate_a_dict_task_repeats_the_runs_metric(trained):

@@ -295,7 +295,7 @@ def text_run(tmp_path_factory, empty_mlflow_db):
             (corpus / f"{i}.txt").write_bytes((f"file {i}: the quick brown fox jumps. " * 5).encode()[:130])
         tester.write_job("job.toml", TINY_GPT.format(name="input-kinds") + "\n[train]\nmax_steps = 2\nbatch_size = 8\n")
         run = tester.run("job.toml", output_dir="runs/text")
-        assert run.status == "FINISHED" and "prediction.pkl" in run.files
+        assert run.status == "FINISHED" and "predictor" in run.files and "prediction.pkl" not in run.files
         yield tester, run
     finally:
         tester._teardown()

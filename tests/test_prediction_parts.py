@@ -1,18 +1,18 @@
-"""The pieces the MLflow model predicts with: a dataset's ``runjob.Inputs`` (pickled into the model,
-the same preprocessing ``runjob predict`` applies), the run's predictor, and the wheels of
-distributions no index has."""
+"""The pieces the MLflow model predicts with: a dataset's ``runjob.Inputs`` (kept as data in the
+run's predictor and rebuilt from it: the same preprocessing ``runjob predict`` applies), the run's
+predictor, and the wheels of distributions no index has."""
 
 from __future__ import annotations
 
-import pickle
 from types import SimpleNamespace
 
 import pytest
 
 from runjob import DatasetSplits, Inputs
+from runjob.testing import round_trip_inputs
 
 
-def test_image_inputs_travel_pickled_and_read_bytes_as_predict_reads_files(tmp_path):
+def test_image_inputs_travel_as_data_and_read_bytes_as_predict_reads_files(tmp_path):
     import torch
     from PIL import Image
 
@@ -22,7 +22,7 @@ def test_image_inputs_travel_pickled_and_read_bytes_as_predict_reads_files(tmp_p
     pixels = (torch.arange(64, dtype=torch.uint8).reshape(8, 8) * 4).numpy()
     Image.fromarray(pixels, mode="L").save(tmp_path / "scan.png")
     ((name, from_file),) = list(splits.read_inputs(tmp_path / "scan.png"))
-    travelled = pickle.loads(pickle.dumps(splits.inputs))  # as the MLflow model holds it
+    travelled = round_trip_inputs(splits.inputs, tmp_path / "kept")  # as the run's predictor keeps it
     from_bytes = travelled.encode({"image": (tmp_path / "scan.png").read_bytes()})
     assert name == "scan.png" and from_file.shape == (3, 16, 16)
     assert torch.equal(from_file, from_bytes)
@@ -37,7 +37,7 @@ def test_csv_inputs_standardize_raw_rows_with_the_training_rows_scale(tmp_path):
 
     (tmp_path / "t.csv").write_text("a,b,y\n" + "".join(f"{i},{i % 3},{i * 2}\n" for i in range(20)))
     splits = build_csv(CSVOptions(path=str(tmp_path / "t.csv"), target="y"))
-    inputs = pickle.loads(pickle.dumps(splits.inputs))
+    inputs = round_trip_inputs(splits.inputs, tmp_path / "kept")  # the fitted scale, as the run keeps it
     assert inputs.columns == {"a": "double", "b": "double"}
     features, _ = splits.val[0]
     train = torch.stack([row for row, _ in splits.train])
@@ -56,10 +56,10 @@ def test_csv_inputs_standardize_raw_rows_with_the_training_rows_scale(tmp_path):
         inputs.encode({"a": 1.0, "b": "x"})
 
 
-def test_text_prompts_are_their_utf8_bytes_and_decode_back():
+def test_text_prompts_are_their_utf8_bytes_and_decode_back(tmp_path):
     from runjob.plugins.text import TextPrompts
 
-    prompts = TextPrompts()
+    prompts = round_trip_inputs(TextPrompts(), tmp_path)
     tokens = prompts.encode({"prompt": "déf"})
     assert tokens.tolist() == list("déf".encode())
     assert prompts.decodes and prompts.decode(tokens.tolist()) == "déf"
@@ -93,30 +93,48 @@ def test_a_dataset_without_inputs_is_said_not_hidden(tmp_path):
 
     job = SimpleNamespace(dataset=SimpleNamespace(name="my_data"))
     splits = DatasetSplits(train=[], val=[], read_inputs=lambda path: [])
-    prediction, said = save_predictor(job, None, None, splits, None, tmp_path)
+    prediction, said = save_predictor(job, None, None, splits, None, tmp_path, None, None)
     assert prediction is None
     assert "dataset 'my_data' gives no runjob.Inputs" in said and "input tensors as they are" in said
     assert not list(tmp_path.iterdir())
 
 
-def test_the_predictor_pickles_the_task_and_declares_the_signature(tmp_path):
+def test_the_predictor_is_kept_as_data_and_declares_the_signature(tmp_path):
+    import json
+
     import torch
 
-    from runjob.plugins.tabular import CSVOptions, build_csv
+    from runjob.host.plugin_host import load_plugins
+    from runjob.job.validation import Chosen
+    from runjob.plugins.tabular import CSVInputs, CSVOptions, build_csv
     from runjob.plugins.tasks import Regression, RegressionOptions
-    from runjob.record.prediction import Predictor
+    from runjob.record.prediction import load_predictor
     from runjob.train.predictor import save_predictor
+    from runjob.train.runner import _facts_of
 
     (tmp_path / "t.csv").write_text("a,y\n" + "".join(f"{i},{i * 2}\n" for i in range(10)))
     splits = build_csv(CSVOptions(path=str(tmp_path / "t.csv"), target="y"))
+    host = load_plugins()
+    job = SimpleNamespace(
+        task=Chosen(host.lookup("task", "regression"), RegressionOptions()), dataset=SimpleNamespace(name="csv")
+    )
     accelerator = SimpleNamespace(distributed_type=SimpleNamespace(name="NO"), unwrap_model=lambda model, **how: model)
     model = torch.nn.Linear(1, 1)
-    prediction, said = save_predictor(None, accelerator, model, splits, Regression(RegressionOptions()), tmp_path)
+    task = Regression(RegressionOptions())
+    prediction, said = save_predictor(job, accelerator, model, splits, task, tmp_path, host, _facts_of(splits))
     assert said is None
     assert prediction == {"inputs": {"a": "double"}, "outputs": {"value": "double"}, "generates": False}
-    predictor = Predictor.load(tmp_path / "prediction.pkl")
+    saved = json.loads((tmp_path / "predictor" / "predictor.json").read_text())
+    assert (saved["inputs"]["name"], saved["inputs"]["plugin"]) == ("csv_rows", "tabular")
+    assert saved["inputs"]["data"]["mean"] == pytest.approx(splits.inputs.mean)
+    assert saved["outputs"] == {"value": "double"} and not (tmp_path / "prediction.pkl").exists()
+    predictor = load_predictor(tmp_path, host, job.task)
+    assert isinstance(predictor.inputs, CSVInputs) and isinstance(predictor.task, Regression)
     rows = predictor.rows(model, [("0", predictor.inputs.encode({"a": 3.0}))])
     assert set(rows[0]) == {"input", "value"} and model.training
+    with torch.no_grad():
+        expected = model(splits.inputs.encode({"a": 3.0})[None])[0, 0]
+    assert rows[0]["value"] == pytest.approx(float(expected), abs=1e-6), "the fitted scale came back with the data"
 
 
 def test_a_source_digest_follows_the_code_not_the_data(tmp_path):

@@ -110,8 +110,10 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     (data,) = run.inputs
     assert data.dataset.name == "digits" and len(data.dataset.digest) >= 8
     assert json.loads(data.dataset.profile) == {"train_samples": 1438, "val_samples": 359, "num_classes": 10}
-    # artifacts: the resolved job, where each value came from, the record of named models (best), the MLflow model
-    assert {"job.toml", "job_sources.json", "models.json"} <= run.artifacts()
+    # artifacts: the resolved job, where each value came from, the record of named models (best), the predictor
+    # as data (runjob predict runs:/ID reads it), the MLflow model
+    assert {"job.toml", "job_sources.json", "models.json", "predictor"} <= run.artifacts()
+    assert run.artifacts("predictor") == {"predictor/predictor.json"}
     assert run.models() == {"complete"}, "the MLflow model is the run's logged model, named after the job"
     folder = tmp_path / "downloaded"
     sources = json.loads(run.download("job_sources.json", folder).read_text())
@@ -135,12 +137,12 @@ def test_a_run_carries_its_complete_record(runjob_tester, mlflow_server):
     images = torch.randn(4, 3, 16, 16)
     with torch.no_grad():
         expected = reference.eval()(images)
-        assert torch.equal(logged.unwrap_python_model().model(images), expected), "the module, with the final weights"
+        assert torch.equal(logged.get_raw_model()(images), expected), "the module, with the final weights"
     # predict: an image file's bytes in, the class and its probability out, as runjob predict gives them
     png = io.BytesIO()
     Image.fromarray((torch.rand(8, 8) * 255).to(torch.uint8).numpy(), mode="L").save(png, format="PNG")
     rows = logged.predict(pd.DataFrame({"image": [png.getvalue()]}))
-    encoded = logged.unwrap_python_model().predictor.inputs.encode({"image": png.getvalue()})
+    encoded = logged._model_impl.predictor.inputs.encode({"image": png.getvalue()})  # rebuilt from predictor.json
     with torch.no_grad():
         probabilities = reference(encoded[None]).softmax(-1)[0]
     assert rows["class"].tolist() == [str(int(probabilities.argmax()))]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runjob.errors import TrainingError, first_line
+from runjob.host.plugin_host import LOCAL_DISTRIBUTION  # a -p plugin: no distribution to require
 from runjob.host.run_folder import MLFLOW_MODEL_DIR
 
 MODEL_FOLDER = MLFLOW_MODEL_DIR
@@ -42,7 +43,11 @@ def save_mlflow_model(
         shutil.rmtree(folder, ignore_errors=True)
         # the plugins that rebuild it: the model's, and the dataset's and task's (its predictor's inputs and task)
         used = {job.model.component.plugin, job.dataset.component.plugin, job.task.component.plugin}
-        plugins = [p.distribution for p in (host.plugins if host else []) if p.name in used and p.distribution]
+        plugins = [
+            p.distribution
+            for p in (host.plugins if host else [])
+            if p.name in used and p.distribution and p.distribution != LOCAL_DISTRIBUTION
+        ]
         names = ["torch", "runjob-train", "safetensors", *plugins]
         # what the model's and adapters' components wrap (transformers, peft), by their `libraries` fact
         for component in [job.model.component, *(chosen.component for chosen in getattr(job, "adapters", {}).values())]:
