@@ -20,6 +20,13 @@ from runjob import (
     model_flops_per_unit,
     peak_flops,
 )
+from runjob.tags import (  # the one owner of runjob's tag names, public
+    BEST_METRIC_TAG,
+    BEST_STEP_TAG,
+    BEST_VALUE_TAG,
+    FLOPS_COUNTED_TAG,
+    flops_per_tag,
+)
 
 BEST_MODEL = "best"  # the model's name: its folder's, so init_from = "runs:/ID/best" names both
 
@@ -67,9 +74,7 @@ class BestWeights(Callback):
             state = {"metric": self.metric, "value": value, "step": step}
             self.record.write_text(json.dumps(state) + "\n", encoding="utf-8")
             run.add_model(BEST_MODEL, weights, f"{self.metric} {value:.4g} at step {step}")
-            run.set_tags(
-                {"runjob.best.metric": self.metric, "runjob.best.value": f"{value:.6g}", "runjob.best.step": str(step)}
-            )
+            run.set_tags({BEST_METRIC_TAG: self.metric, BEST_VALUE_TAG: f"{value:.6g}", BEST_STEP_TAG: str(step)})
 
 
 class ThroughputOptions(CallbackOptions):
@@ -120,7 +125,7 @@ class Throughput(Callback):
         self.flops_per_unit, how = model_flops_per_unit(run.model, run.task, batch)
         if self.flops_per_unit:
             unit = run.task.unit.removesuffix("s")
-            run.set_tags({f"runjob.flops_per_{unit}": f"{self.flops_per_unit:.6g}", "runjob.flops_counted": how})
+            run.set_tags({flops_per_tag(unit): f"{self.flops_per_unit:.6g}", FLOPS_COUNTED_TAG: how})
 
     def on_evaluation_start(self, run: Any, step: int, epoch: int) -> None:
         if self.since is not None:

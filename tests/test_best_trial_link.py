@@ -30,7 +30,8 @@ def test_a_finished_sweeps_parent_run_holds_the_link_as_its_description(tmp_path
     from runjob.host.plugin_host import load_plugins
     from runjob.job.validation import load_resolved
     from runjob.sweep.parent import ParentRun, sweep_params
-    from runjob.sweep.study import RUN_ID, SweepStudy, budget_of
+    from runjob.sweep.study import SweepStudy, budget_of
+    from runjob.tags import RUN_ID_ATTR as RUN_ID
     from runjob.testing import MlflowRun, write_job
 
     write_job(

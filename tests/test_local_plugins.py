@@ -18,7 +18,8 @@ import runjob
 from runjob.commands.cli import _with_default_command
 from runjob.errors import RunjobError
 from runjob.host import plugin_host
-from runjob.host.plugin_host import LOCAL_TAG, load_plugins, local_plugins, using_local_plugins
+from runjob.host.plugin_host import load_plugins, local_plugins, using_local_plugins
+from runjob.tags import LOCAL_PLUGINS_TAG as LOCAL_TAG
 from runjob.train.entry import resume_command, run_arguments
 
 pytestmark = pytest.mark.timeout(600)

@@ -25,6 +25,7 @@ from runjob.commands.arguments import (
     add_trust_pickle,
 )
 from runjob.commands.plugins import add_plugins_arguments
+from runjob.tags import RERUN_OF_TAG
 
 COMMANDS = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
 COMMANDS += ("evaluate", "predict", "export")  # using a trained model
@@ -196,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a recorded run's job.toml again, tagged as its rerun",
         description=(
             "Fetch RUN_ID's job.toml from MLflow and train it again (with any --set changes); the new run is tagged "
-            "runjob.rerun_of=RUN_ID."
+            f"{RERUN_OF_TAG}=RUN_ID."
         ),
     )
     rerun.add_argument("run_id", metavar="RUN_ID", help="MLflow run id")

@@ -12,8 +12,14 @@ from typing import Any
 
 from runjob.commands.table import render
 from runjob.errors import TrackingError
-
-EVALUATED_FROM = "runjob.evaluated_from"
+from runjob.tags import (
+    EVALUATED_FROM_OUTPUT_DIR_TAG,
+    EVALUATED_FROM_TAG,
+    EVALUATED_SPLIT_TAG,
+    METRICS_TAG,
+    OVERRIDES_TAG,
+    VERSION_TAG,
+)
 
 
 def add_run_reference(parser: argparse.ArgumentParser) -> None:
@@ -58,14 +64,14 @@ def record_evaluation(run: Any, job: Any, args: argparse.Namespace, metrics: dic
 
     uri = resolve_tracking_uri(args.tracking_uri or run.tracking_uri or job.tracking.uri)
     tags = {
-        EVALUATED_FROM: run.run_id or str(run.output_dir),
-        "runjob.evaluated_split": args.split,
-        "runjob.metrics": json.dumps(declared_metrics(job.task.options, args.split)),
-        "runjob.overrides": " ".join(redact_override(o) for o in args.overrides),
-        "runjob.version": __version__,
+        EVALUATED_FROM_TAG: run.run_id or str(run.output_dir),
+        EVALUATED_SPLIT_TAG: args.split,
+        METRICS_TAG: json.dumps(declared_metrics(job.task.options, args.split)),
+        OVERRIDES_TAG: " ".join(redact_override(o) for o in args.overrides),
+        VERSION_TAG: __version__,
     }
     if run.output_dir is not None:
-        tags[f"{EVALUATED_FROM}.output_dir"] = str(run.output_dir.resolve())
+        tags[EVALUATED_FROM_OUTPUT_DIR_TAG] = str(run.output_dir.resolve())
     folder = choose_output_dir(f"{job.job.name}-evaluate", getattr(args, "output_dir", None))
     recorded = CommandRun.begin(
         folder,

@@ -19,11 +19,10 @@ from runjob.job.keys import flat
 from runjob.job.redaction import HIDDEN
 from runjob.record.store import download_job, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
+from runjob.tags import LOCAL_PLUGINS_TAG, RERUN_OF_TAG
 
 if TYPE_CHECKING:
     from runjob.host.plugin_host import LocalPlugin
-
-RERUN_TAG = "runjob.rerun_of"
 
 
 def _is_hidden(value: Any) -> bool:
@@ -70,7 +69,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     """``runjob rerun RUN_ID``: train run RUN_ID's recorded job again, as ``runjob run`` would, with
     any ``--set`` changes and the local plugins it had (``-p``); the new run is tagged
     ``runjob.rerun_of = RUN_ID``."""
-    from runjob.host.plugin_host import LOCAL_TAG, using_local_plugins
+    from runjob.host.plugin_host import using_local_plugins
 
     uri = resolve_tracking_uri(args.tracking_uri)
     client = open_store(uri)
@@ -78,7 +77,7 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         with reading(uri):
             recorded_run = get_run(client, uri, args.run_id)
             downloaded = download_job(uri, args.run_id, Path(folder))
-        local = rerun_plugins(args.run_id, recorded_run.data.tags.get(LOCAL_TAG))
+        local = rerun_plugins(args.run_id, recorded_run.data.tags.get(LOCAL_PLUGINS_TAG))
         with using_local_plugins(local):  # before the job is read: it may name their components
             return _rerun(args, downloaded)
 
@@ -107,7 +106,7 @@ def _rerun(args: argparse.Namespace, downloaded: Path) -> int:
         job_file,
         overrides,
         output_dir=output_dir,
-        tags={RERUN_TAG: args.run_id},
+        tags={RERUN_OF_TAG: args.run_id},
         tracking_uri=_tracking_uri_for(args, recorded),
         host=host,
         job=resolved,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runjob.errors import RunjobError
+from runjob.tags import LOCAL_PLUGINS_TAG
 
 if TYPE_CHECKING:
     from runjob.host.plugin_host import PluginHost
@@ -64,17 +65,16 @@ def require_run_plugins(run: TrainedRun, host: PluginHost, command: str) -> None
 
 def _local_tag(run: TrainedRun) -> str | None:
     """The run's ``runjob.plugins.local`` tag: from its local record where its folder is here, else MLflow's."""
-    from runjob.host.plugin_host import LOCAL_TAG
     from runjob.record.local import RunRecord
 
     if run.output_dir is not None:
         record = RunRecord.read(run.output_dir)
         if record is not None:
-            return record.tags.get(LOCAL_TAG)
+            return record.tags.get(LOCAL_PLUGINS_TAG)
     if run.run_id is None or run.tracking_uri is None:
         return None
     from runjob.record.store import get_run, open_store, reading
 
     with reading(run.tracking_uri):
         found: Any = get_run(open_store(run.tracking_uri), run.tracking_uri, run.run_id)
-    return found.data.tags.get(LOCAL_TAG)
+    return found.data.tags.get(LOCAL_PLUGINS_TAG)

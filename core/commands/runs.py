@@ -19,6 +19,7 @@ from runjob.errors import RunjobError
 from runjob.record.naming import SEPARATOR
 from runjob.record.store import all_experiments, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
+from runjob.tags import METRICS_TAG, SWEEP_KEYS_TAG, SWEEP_TAG
 
 TABLE_WIDTH = 120  # `runs` shows as many differing job keys as fit in this many characters
 KEY_COLUMN_WIDTH = 18
@@ -26,8 +27,6 @@ NAME_WIDTH = 20  # experiment names in `runs`
 RUN_NAME_WIDTH = 28  # run names in `runs`: cut at the end, their start is what tells them apart
 VALUE_WIDTH = 50  # values in `diff`
 JOB_NAME_KEY = "job.name"  # the param that says which job a run ran (a sweep's parent run has none)
-SWEEP_PARENT_TAG = "runjob.sweep"  # "true" on a sweep's parent run: the sweep's settings as params, no job keys
-SWEPT_KEYS_TAG = "runjob.sweep.keys"  # on a sweep's trial: the job keys the sweep varies, a JSON list in its order
 CALLBACKS_TABLE = "callbacks."
 ENABLED_FLAG = ".enabled"  # every callback's option; true (on) where a run's record leaves it out
 
@@ -103,7 +102,7 @@ def swept_keys(params: list[dict[str, str]], tags: list[dict[str, str]]) -> list
     keys: dict[str, None] = {}
     for run_tags in tags:
         try:
-            listed = json.loads(run_tags[SWEPT_KEYS_TAG])
+            listed = json.loads(run_tags[SWEEP_KEYS_TAG])
         except (KeyError, ValueError, TypeError):
             continue
         if isinstance(listed, list):
@@ -185,7 +184,7 @@ def chosen_keys(params: list[dict[str, str]], tags: list[dict[str, str]]) -> tup
     sweep's parent run (``runjob.sweep = "true"``: it never counts) or another job's runs; where
     no two runs share a job, those set differently between the jobs' runs. Keys every run has
     first."""
-    kept = [p for p, t in zip(params, tags, strict=True) if t.get(SWEEP_PARENT_TAG) != "true"]
+    kept = [p for p, t in zip(params, tags, strict=True) if t.get(SWEEP_TAG) != "true"]
     jobs: dict[str | None, list[dict[str, str]]] = {}
     for p in kept:
         jobs.setdefault(p.get(JOB_NAME_KEY), []).append(p)
@@ -206,7 +205,7 @@ def key_metrics(runs: list[Any]) -> list[str]:
     names: dict[str, None] = {}
     for run in runs:
         try:
-            declared = list(json.loads(run.data.tags["runjob.metrics"]))
+            declared = list(json.loads(run.data.tags[METRICS_TAG]))
         except (KeyError, ValueError, TypeError):  # recorded before tasks declared metrics: what it evaluated
             declared = sorted(name for name in run.data.metrics if name.startswith("val/"))
         names.update(dict.fromkeys(declared))

@@ -31,7 +31,20 @@ from runjob.job.redaction import redact_text
 from runjob.job.schema import SWEEP_TABLE, SweepRange
 from runjob.job.validation import ResolvedJob, resolve
 from runjob.sweep.study import grid_points
+from runjob.sweep.sweep_folder import LOCK_FILE, OWNER_LOCK, SWEEP_FILE
 from runjob.sweep.worker import USER_MISTAKE_EXIT, override, shown
+from runjob.tags import (
+    JOB_FILE_TAG,
+    OUTPUT_DIR_TAG,
+    OVERRIDES_TAG,
+    PARENT_ATTR,
+    RUN_ID_ATTR,
+    STOPPED_ATTR,
+    SWEEP_DIR_ATTR,
+    SWEEP_STUDY_TAG,
+    SWEEP_TAG,
+    VERSION_TAG,
+)
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 # set for the workers `runjob sweep` starts on its machine: "1" sends each trial's output to its folder
@@ -151,7 +164,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def _new(job: ResolvedJob, args: argparse.Namespace, folder: Path | None = None) -> int:
     from runjob.record.outputs import choose_output_dir
-    from runjob.sweep.study import LOCK_FILE, OWNER_LOCK, SWEEP_FILE, FileLock
+    from runjob.sweep.study import FileLock
 
     folder = folder or choose_output_dir(f"{job.job.name}-sweep", args.output_dir)
     if (folder / SWEEP_FILE).exists():
@@ -170,14 +183,14 @@ def _new(job: ResolvedJob, args: argparse.Namespace, folder: Path | None = None)
 def _create(job: ResolvedJob, args: argparse.Namespace, folder: Path) -> tuple[Any, Any]:
     """The sweep in ``folder``: its parent run, its study, ``sweep.json``. Under the folder's lock."""
     from runjob.sweep.parent import ParentRun, sweep_params
-    from runjob.sweep.study import PARENT_ATTR, SWEEP_DIR_ATTR, SweepInfo, SweepStudy, budget_of, storage_of
+    from runjob.sweep.study import SweepInfo, SweepStudy, budget_of, storage_of
 
     sweep = job.sweep
     assert sweep is not None
     name = sweep.study or f"{job.job.name}-{folder.resolve().name}"
     storage = storage_of(sweep, folder)
     params = sweep_params(sweep, budget_of(sweep), name, storage)
-    tags = {**_parent_tags(job, args.overrides, folder), "runjob.sweep.study": name}
+    tags = {**_parent_tags(job, args.overrides, folder), SWEEP_STUDY_TAG: name}
     parent = ParentRun.start(job, params, tags, folder)
     try:
         study = SweepStudy.create(sweep, folder, name)
@@ -196,11 +209,11 @@ def _parent_tags(job: ResolvedJob, overrides: list[str], sweep_dir: Path) -> dic
 
     return {
         **redact_tables(dict(job.tracking.tags)),
-        "runjob.sweep": "true",
-        "runjob.version": __version__,
-        "runjob.job_file": str(job.source.path.resolve()),
-        "runjob.overrides": " ".join(redact_override(o) for o in overrides),
-        "runjob.output_dir": str(sweep_dir.resolve()),
+        SWEEP_TAG: "true",
+        VERSION_TAG: __version__,
+        JOB_FILE_TAG: str(job.source.path.resolve()),
+        OVERRIDES_TAG: " ".join(redact_override(o) for o in overrides),
+        OUTPUT_DIR_TAG: str(sweep_dir.resolve()),
     }
 
 
@@ -213,7 +226,7 @@ def _open(job: ResolvedJob, folder: Path) -> Any:
     assert sweep is not None
     info = SweepInfo.read(folder)
     if info is None:
-        raise RunjobError(f"{folder}: holds no sweep (sweep.json): start one with `runjob sweep {job.source.path}`")
+        raise RunjobError(f"{folder}: holds no sweep ({SWEEP_FILE}): start one with `runjob sweep {job.source.path}`")
     storage = info.storage
     if is_url(storage):  # recorded with its password hidden: the job's own [sweep] storage says it
         if not sweep.storage or not is_url(sweep.storage):
@@ -235,7 +248,7 @@ def _open(job: ResolvedJob, folder: Path) -> Any:
 
 def _where(job: ResolvedJob, target: str, output_dir: Path | None) -> Path:
     """The sweep folder ``--join`` / ``--resume`` names: a folder, a parent run id, or a storage URL."""
-    from runjob.sweep.study import SWEEP_DIR_ATTR, is_url
+    from runjob.sweep.study import is_url
 
     if is_url(target):
         from runjob.sweep.study import import_optuna, open_storage
@@ -264,16 +277,16 @@ def _where(job: ResolvedJob, target: str, output_dir: Path | None) -> Path:
             run = connect(resolve_tracking_uri(job.tracking.uri)).get_run(target)
         except Exception as error:  # noqa: BLE001 - MLflow's not-found error has no public type
             raise RunjobError(f"--join {target}: no such MLflow run at the job's tracking.uri ({error})") from None
-        if run.data.tags.get("runjob.sweep") != "true":
-            raise RunjobError(f"--join {target}: not a sweep's parent run (no runjob.sweep tag)")
-        return Path(run.data.tags["runjob.output_dir"])
+        if run.data.tags.get(SWEEP_TAG) != "true":
+            raise RunjobError(f"--join {target}: not a sweep's parent run (no {SWEEP_TAG} tag)")
+        return Path(run.data.tags[OUTPUT_DIR_TAG])
     return Path(target)
 
 
 def _join(job: ResolvedJob, args: argparse.Namespace) -> int:
     """One more worker (or ``--workers`` more) on the sweep ``--join`` names; the first worker to
     reach an empty folder creates the sweep there and records it."""
-    from runjob.sweep.study import LOCK_FILE, OWNER_LOCK, SWEEP_FILE, FileLock
+    from runjob.sweep.study import FileLock
 
     folder = _where(job, args.join, args.output_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -296,7 +309,7 @@ def _join(job: ResolvedJob, args: argparse.Namespace) -> int:
 def _work_here(job: ResolvedJob, args: argparse.Namespace, study: Any, parent_run_id: str, started: float) -> int:
     """Run this process's share of the trials; then, when the sweep's owner is gone, record its end."""
     from runjob.sweep.parent import ParentRun
-    from runjob.sweep.study import OWNER_LOCK, FileLock
+    from runjob.sweep.study import FileLock
     from runjob.sweep.worker import Signals, Worker
 
     quiet = os.environ.get(QUIET_ENVIRONMENT) == "1"
@@ -327,7 +340,7 @@ def _work_here(job: ResolvedJob, args: argparse.Namespace, study: Any, parent_ru
 def _resume(job: ResolvedJob, args: argparse.Namespace) -> int:
     """Continue the stopped sweep in ``--resume``'s folder (``auto``: ``--output-dir``'s, or a new one)."""
     from runjob.sweep.parent import ParentRun
-    from runjob.sweep.study import OWNER_LOCK, STOPPED, SWEEP_FILE, FileLock
+    from runjob.sweep.study import FileLock
     from runjob.sweep.worker import wait_for_previous
 
     if args.resume == "auto":
@@ -349,7 +362,7 @@ def _resume(job: ResolvedJob, args: argparse.Namespace) -> int:
     study, _ = _open(job, folder)
     if study.stopped():  # a trial's mistake stopped it: resuming says the job was put right
         print(f"runjob: note: the sweep had stopped: {study.stopped()}; resuming it as asked", flush=True)
-        study.study.set_user_attr(STOPPED, "")
+        study.study.set_user_attr(STOPPED_ATTR, "")
     wait_for_previous(study)
     assert job.sweep is not None
     parent = ParentRun.reopen(folder, job.sweep.metric or "")
@@ -486,8 +499,6 @@ def _wait_elsewhere(study: Any, parent: Any, signals: Any) -> None:
 
 def _finish(study: Any, parent: Any, started: float, signals: Any, code: int | None) -> int:
     """Record the sweep's end on the parent run and print the summary; the exit code."""
-    from runjob.sweep.study import STOPPED
-
     states = study.states
     trials = study.trials()
     stopped = bool(signals and signals.signum)
@@ -500,7 +511,7 @@ def _finish(study: Any, parent: Any, started: float, signals: Any, code: int | N
     error = (
         Terminated(signals.signum)
         if stopped
-        else RunjobError(study.study.user_attrs[STOPPED])
+        else RunjobError(study.study.user_attrs[STOPPED_ATTR])
         if study.stopped()
         else None
     )
@@ -565,7 +576,7 @@ def print_summary(study: Any, started: float, stopped: bool = False) -> None:
         print(line)
     if best is not None:
         flags = " ".join(f"--set {shlex.quote(text)}" for text in overrides_of(study, best))
-        run = best.user_attrs.get("runjob.run_id", "")
+        run = best.user_attrs.get(RUN_ID_ATTR, "")
         print(f"runjob: best: trial {best.number}, {metric} {best.value:.4f} (run {run}): {flags}")
     for row in rows:
         if row.get("unsynced"):

@@ -9,7 +9,7 @@ from runjob.errors import RunjobError
 from runjob.record.local import RUN_RECORD, RunRecord
 from runjob.record.sync import sync_record
 from runjob.record.uri import check_reachable, resolve_tracking_uri
-from runjob.sweep.study import SWEEP_FILE
+from runjob.sweep.sweep_folder import SWEEP_FILE, TRIAL_PATTERN
 
 
 def cmd_sync(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
         f"{summary['tags']} tags, {summary['metrics']} metric points, {summary['artifacts']} artifacts, "
         f"status {summary['status']}"
     )
-    trials = sorted(output_dir.glob("trial-*/" + RUN_RECORD)) if (output_dir / SWEEP_FILE).exists() else []
+    trials = sorted(output_dir.glob(f"{TRIAL_PATTERN}/{RUN_RECORD}")) if (output_dir / SWEEP_FILE).exists() else []
     for trial_record in trials:  # a sweep's folder: its trials' runs too
         trial = trial_record.parent
         recorded = RunRecord.read(trial)

@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING, Any
 from runjob.errors import ComponentError, DataError, describe, first_line
 from runjob.host.components import Adapter, DataFacts, Options, ReportedFactory
 from runjob.host.run_folder import RunFolder
+from runjob.tags import library_tag
 
 if TYPE_CHECKING:
     from runjob.job.validation import Chosen
-
-LIBRARY_TAG = "runjob.library."
 
 
 def takes_data(factory: Callable[..., Any]) -> bool:
@@ -128,7 +127,7 @@ def library_versions(components: list[Any]) -> dict[str, str]:
     for component in components:
         for library in component.facts.get("libraries", ()):
             try:
-                tags[LIBRARY_TAG + library] = metadata.version(library)
+                tags[library_tag(library)] = metadata.version(library)
             except metadata.PackageNotFoundError:
-                tags[LIBRARY_TAG + library] = "not installed"
+                tags[library_tag(library)] = "not installed"
     return tags

@@ -55,8 +55,6 @@ PLUGINS_ENVIRONMENT = "RUNJOB_PLUGINS"
 PLUGIN_FLAG = "-p"
 LOCAL_DISTRIBUTION = "local"
 """What ``runjob plugins`` and the ``runjob.plugin.NAME`` tag say for a local plugin's distribution."""
-LOCAL_TAG = "runjob.plugins.local"
-"""The run's tag listing its local plugins (JSON: each one's ``-p`` as given, where it was and its sha256)."""
 LOCAL_FACT = "local_plugin"
 """Set on every component a local plugin registers: the plugin, for the run's ``job_sources.json``."""
 
@@ -157,7 +155,7 @@ class LocalPlugin:
         return f"{self.name} ({LOCAL_DISTRIBUTION} {self.where})"
 
     def record(self) -> dict[str, str]:
-        """What the run's :data:`LOCAL_TAG` keeps of it."""
+        """What the run's :data:`~runjob.tags.LOCAL_PLUGINS_TAG` keeps of it."""
         fields: tuple[str, ...] = ("given", "name", "kind", "module", "directory", "path", "sha256")
         if self.kind == "file":  # its module name is this process's own, not a way to import it
             fields = ("given", "name", "kind", "path", "sha256")
@@ -540,7 +538,7 @@ def local_plugin_arguments(plugins: Sequence[LocalPlugin] | None = None) -> list
 
 
 def file_sha256(path: str | Path) -> str:
-    """The sha256 of a plugin's file, as the run's :data:`LOCAL_TAG` records it."""
+    """The sha256 of a plugin's file, as the run's :data:`~runjob.tags.LOCAL_PLUGINS_TAG` records it."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 

@@ -46,7 +46,7 @@ from runjob.errors import RunjobError
 from runjob.host.run_folder import RunFolder
 from runjob.record import messages
 from runjob.record.messages import Recording
-from runjob.record.mlflow_writer import RETRIED_TAG
+from runjob.tags import RETRIED_TAG
 
 MODULE = "runjob.record.mirror"
 

@@ -28,6 +28,7 @@ from runjob.record.local import RunRecord, now_ms, read_metric_points
 from runjob.record.messages import Point
 from runjob.record.model_logging import MODEL_FOLDER
 from runjob.record.uri import bound_http_retries
+from runjob.tags import ABANDONED_TAG, DATASET_CONTEXT_TAG, ERROR_TAG, WORKER_FAILURE_TAG
 
 PARAMS_PER_CALL = 100  # MLflow's limit for one log_batch's params (and tags)
 METRICS_PER_CALL = 1000  # MLflow's limit for one log_batch's metrics
@@ -214,7 +215,7 @@ def log_inputs(client: Any, run_id: str, entries: list[dict[str, Any]]) -> None:
                 source=e["source"],
                 profile=e.get("profile"),
             ),
-            tags=[InputTag("mlflow.data.context", e["context"])],
+            tags=[InputTag(DATASET_CONTEXT_TAG, e["context"])],
         )
         for e in entries
     ]
@@ -231,8 +232,6 @@ server that is restarting comes back within them; one that does not is gone."""
 UNREACHABLE_AFTER = 3
 """Writes in a row that fail every try: the store is taken as gone, and the rest is left to
 ``runjob sync`` (each later write would wait through its retries too)."""
-RETRIED_TAG = "runjob.tracking.retried"
-"""How many MLflow writes of the run needed more than one try (set at its end, when any did)."""
 
 # Another process inserted the same row first (two runs logging one dataset at once); the write's
 # transaction was rolled back, and its next try finds the row and succeeds.
@@ -429,14 +428,14 @@ def close_failed_run(output_dir: Path, reason: str) -> None:
     """After a worker failed: note which (``reason``) on the job's run, and mark the run FAILED
     where rank 0 could not end it (it was stopped too). A run rank 0 finished stays FINISHED. The
     local record says the same as MLflow, so ``runjob sync`` agrees with it."""
-    _close_run(output_dir, "FAILED", {"runjob.worker_failure": reason}, {"runjob.error": reason})
+    _close_run(output_dir, "FAILED", {WORKER_FAILURE_TAG: reason}, {ERROR_TAG: reason})
 
 
 def close_abandoned_run(output_dir: Path, reason: str) -> str | None:
     """A run left RUNNING by a process that was killed (SIGKILL) before its first checkpoint, and
     that nothing can continue: mark it KILLED with ``reason`` as the tag ``runjob.abandoned``, in
     the local record and in MLflow. Returns its MLflow run id (None when there is no record)."""
-    return _close_run(output_dir, "KILLED", {}, {"runjob.abandoned": reason})
+    return _close_run(output_dir, "KILLED", {}, {ABANDONED_TAG: reason})
 
 
 def _close_run(output_dir: Path, status: str, tags: dict[str, str], if_open: dict[str, str]) -> str | None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from runjob.job.jobfile import parse_override_value, split_dotted
 from runjob.job.redaction import redact_override, redact_tables
 from runjob.record.local import flatten
+from runjob.tags import METRICS_TAG
 
 if TYPE_CHECKING:
     from runjob.job.validation import ResolvedJob
@@ -142,7 +143,7 @@ def headline_metrics(params: dict[str, str], tags: dict[str, str]) -> list[str]:
     metrics the task declares (the ``runjob.metrics`` tag)."""
     names = [params["train.best_metric"]] if params.get("train.best_metric") else []
     try:
-        names += list(json.loads(tags.get("runjob.metrics") or "{}"))
+        names += list(json.loads(tags.get(METRICS_TAG) or "{}"))
     except ValueError:
         pass
     return list(dict.fromkeys(names))

@@ -8,6 +8,7 @@ from typing import Any
 
 from runjob.job.redaction import redact_tables
 from runjob.record.local import flatten
+from runjob.tags import GIT_BRANCH_TAG, GIT_COMMIT_TAG, GIT_DIRTY_TAG, GIT_REPO_URL_TAG
 
 
 def job_sources(job: Any) -> dict[str, dict[str, Any]]:
@@ -62,15 +63,15 @@ def git_tags(job_file: Path) -> dict[str, str]:
     commit = git("rev-parse", "HEAD")
     if not commit:
         return {}
-    tags = {"mlflow.source.git.commit": commit, "runjob.git.dirty": "true" if git("status", "--porcelain") else "false"}
+    tags = {GIT_COMMIT_TAG: commit, GIT_DIRTY_TAG: "true" if git("status", "--porcelain") else "false"}
     remote = git("config", "--get", "remote.origin.url")
     if remote:
         from runjob.job.redaction import redact_text
 
-        tags["mlflow.source.git.repoURL"] = redact_text(remote)
+        tags[GIT_REPO_URL_TAG] = redact_text(remote)
     branch = git("rev-parse", "--abbrev-ref", "HEAD")
     if branch and branch != "HEAD":
-        tags["mlflow.source.git.branch"] = branch
+        tags[GIT_BRANCH_TAG] = branch
     return tags
 
 

@@ -31,10 +31,11 @@ from runjob.record import messages
 from runjob.record.invocation import pasteable
 from runjob.record.local import METRICS_FILE, MetricsWriter, RunRecord, now_ms
 from runjob.record.messages import Recording
+from runjob.record.mlflow_writer import MODEL_ARTIFACT
 from runjob.record.model_logging import MODEL_FOLDER
+from runjob.tags import ERROR_TAG
 
 FINAL_UPLOAD_TIMEOUT_S = 300.0  # the longest the end of a run waits for MLflow
-MODEL_ARTIFACT = "model"  # a run's logged model's name when none is given (before models were named after their job)
 Role = Literal["main", "node", "none"]
 
 
@@ -420,7 +421,7 @@ class MainRecorder(Recorder):
         """Close the run as FINISHED, FAILED or KILLED, after everything queued has been sent."""
         self._require_started("end")
         if error is not None:
-            self.set_tags({"runjob.error": describe(error)[:5000]})
+            self.set_tags({ERROR_TAG: describe(error)[:5000]})
         self._state = "ended"
         assert self._metrics is not None
         self._metrics.close()

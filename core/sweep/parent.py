@@ -26,12 +26,22 @@ from runjob.job.validation import ResolvedJob
 from runjob.record.command_run import CommandRun
 from runjob.record.invocation import pasteable
 from runjob.record.local import RUN_RECORD, read_metric_points
-from runjob.sweep.study import MESSAGE, OUTPUT_DIR, RUN_ID, UNSYNCED, SweepStudy, job_values
+from runjob.sweep.study import SweepStudy, job_values
+from runjob.sweep.sweep_folder import HISTORY_PLOT, IMPORTANCES_PLOT, TRIALS_FILE
 from runjob.sweep.worker import override
+from runjob.tags import (
+    ERROR_TAG,
+    MESSAGE_ATTR,
+    NOTE_TAG,
+    OUTPUT_DIR_ATTR,
+    RUN_ID_ATTR,
+    SWEEP_BEST_PARAMS_TAG,
+    SWEEP_BEST_RUN_ID_TAG,
+    SWEEP_BEST_TRIAL_TAG,
+    SWEEP_UNSYNCED_TAG,
+    UNSYNCED_ATTR,
+)
 
-TRIALS_FILE = "trials.json"  # every trial's values, state, value and run; in the sweep folder and on the parent run
-UNSYNCED_TAG = "runjob.sweep.unsynced_trials"  # the parent's: trials whose MLflow runs lack part of their record
-NOTE_TAG = "mlflow.note.content"  # a run's description, which MLflow's UI shows as Markdown
 STATE_NAMES = {
     "COMPLETE": "finished",
     "PRUNED": "pruned",
@@ -99,7 +109,7 @@ class ParentRun:
             if recorded.run_id is None:  # no sweep began: nothing for `runjob sync` to upload
                 (folder / RUN_RECORD).unlink(missing_ok=True)
             else:
-                recorded.set_tags({"runjob.error": f"MLflow did not take the sweep: {recorded.failure}"})
+                recorded.set_tags({ERROR_TAG: f"MLflow did not take the sweep: {recorded.failure}"})
                 recorded.end("FAILED")  # a run is never left RUNNING
             if isinstance(recorded.error, TrackingError):  # the server is not there: said as for a run
                 raise TrackingError(str(recorded.error)) from None
@@ -138,7 +148,7 @@ class ParentRun:
     def finish_unstarted(self, error: BaseException) -> None:
         """The sweep could not begin after its parent run was created: the run ends FAILED, saying why."""
         with warn_if_mlflow_fails("the sweep's failure"):
-            self.recorded.set_tags({"runjob.error": describe(error)[:5000]})
+            self.recorded.set_tags({ERROR_TAG: describe(error)[:5000]})
             self.recorded.end("FAILED")
 
     def finish(self, study: SweepStudy, status: str, error: BaseException | None) -> None:
@@ -148,12 +158,12 @@ class ParentRun:
         best = best_trial(study)
         with warn_if_mlflow_fails("the sweep's results"):
             if best is not None:
-                run_id, settings = str(best.user_attrs.get(RUN_ID, "")), overrides_of(study, best)
+                run_id, settings = str(best.user_attrs.get(RUN_ID_ATTR, "")), overrides_of(study, best)
                 self.recorded.set_tags(
                     {
-                        "runjob.sweep.best_trial": str(best.number),
-                        "runjob.sweep.best_run_id": run_id,
-                        "runjob.sweep.best_params": " ".join(settings),
+                        SWEEP_BEST_TRIAL_TAG: str(best.number),
+                        SWEEP_BEST_RUN_ID_TAG: run_id,
+                        SWEEP_BEST_PARAMS_TAG: " ".join(settings),
                         NOTE_TAG: best_trial_note(best.number, run_id, settings, study.sweep.metric, best.value),
                     }
                 )
@@ -161,10 +171,10 @@ class ParentRun:
             if importances:
                 self.recorded.log_metrics({f"importance/{key}": value for key, value in importances.items()}, 0)
             if error is not None:
-                self.recorded.set_tags({"runjob.error": describe(error)[:5000]})
+                self.recorded.set_tags({ERROR_TAG: describe(error)[:5000]})
             unsynced = unsynced_trials(study)
             if unsynced:  # trials whose own MLflow runs lack part of their record: named where users look
-                self.recorded.set_tags({UNSYNCED_TAG: " ".join(map(str, unsynced))})
+                self.recorded.set_tags({SWEEP_UNSYNCED_TAG: " ".join(map(str, unsynced))})
             trials_file = folder / TRIALS_FILE
             trials_file.write_text(json.dumps(trial_rows(study), indent=1) + "\n", encoding="utf-8")
             self.recorded.log_artifact(trials_file)
@@ -225,7 +235,7 @@ def best_trial(study: SweepStudy) -> Any:
 
 def unsynced_trials(study: SweepStudy) -> list[int]:
     """The trials whose MLflow runs lack part of their record even after their workers tried to send it."""
-    return [trial.number for trial in study.trials() if trial.user_attrs.get(UNSYNCED)]
+    return [trial.number for trial in study.trials() if trial.user_attrs.get(UNSYNCED_ATTR)]
 
 
 def overrides_of(study: SweepStudy, trial: Any) -> list[str]:
@@ -246,12 +256,12 @@ def trial_rows(study: SweepStudy) -> list[dict[str, Any]]:
                 "value": trial.value if trial.value is not None else _last_intermediate(trial),
                 "values": job_values(study.sweep.parameters, trial.params),
                 "overrides": overrides_of(study, trial),
-                "run_id": trial.user_attrs.get(RUN_ID),
-                "output_dir": trial.user_attrs.get(OUTPUT_DIR),
+                "run_id": trial.user_attrs.get(RUN_ID_ATTR),
+                "output_dir": trial.user_attrs.get(OUTPUT_DIR_ATTR),
                 "started": started.isoformat(timespec="seconds") if started else None,
                 "seconds": round((ended - started).total_seconds(), 1) if started and ended else None,
-                "message": trial.user_attrs.get(MESSAGE, ""),
-                "unsynced": trial.user_attrs.get(UNSYNCED),
+                "message": trial.user_attrs.get(MESSAGE_ATTR, ""),
+                "unsynced": trial.user_attrs.get(UNSYNCED_ATTR),
             }
         )
     return rows
@@ -285,9 +295,9 @@ def save_plots(study: SweepStudy, folder: Path, importances: dict[str, float]) -
         print(f"runjob: note: no plots of the sweep ({error}): pip install matplotlib", file=sys.stderr)
         return []
     saved = []
-    plots = [("optimization_history.png", views.plot_optimization_history)]
+    plots = [(HISTORY_PLOT, views.plot_optimization_history)]
     if importances:
-        plots.append(("param_importances.png", views.plot_param_importances))
+        plots.append((IMPORTANCES_PLOT, views.plot_param_importances))
     for name, view in plots:
         try:
             with contextlib.redirect_stderr(None), _quiet_warnings():

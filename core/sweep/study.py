@@ -23,30 +23,22 @@ from typing import Any
 from runjob.errors import RunjobError, describe
 from runjob.job.redaction import redact_text
 from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
+from runjob.sweep.sweep_folder import STUDY_FILE, SWEEP_FILE, TRIAL_LOCK, trial_name
+from runjob.tags import OUTPUT_DIR_ATTR, STOPPED_ATTR, WORKER_ATTR, WORKERS_ATTR
 from runjob.train.sweep_trial import import_optuna, is_url, make_pruner, open_storage
-
-SWEEP_FILE = "sweep.json"
-STUDY_FILE = "study.journal"
-LOCK_FILE = ".sweep.lock"  # held while a worker takes a trial, or while the sweep is created
-OWNER_LOCK = ".owner.lock"  # held by the process that records the parent run
-TRIAL_LOCK = ".trial.lock"  # in a trial's folder: held by its worker and its run
-
-# the study's and its trials' attributes (Optuna user attrs)
-STOPPED = "runjob.stopped"  # a trial's mistake every trial would repeat: no worker takes another
-WORKERS = "runjob.workers"  # how many workers joined: each seeds its sampler with seed + its number
-OUTPUT_DIR = "runjob.output_dir"
-WORKER = "runjob.worker"  # "host pid" of the worker running the trial
-RUN_ID = "runjob.run_id"
-MESSAGE = "runjob.message"
-UNSYNCED = "runjob.unsynced"  # what its MLflow run lacks after the sweep tried to send it, with `runjob sync`
-INTERRUPTED = "runjob.interrupted"  # the trial stopped on a signal; a worker resumes it
-PARENT_ATTR = "runjob.parent_run_id"  # on the study: what a worker joining by storage URL needs
-SWEEP_DIR_ATTR = "runjob.sweep_dir"
 
 
 class FileLock:
     """An exclusive ``flock`` on ``path`` (made when missing). Held by an open file, so a process
-    that dies for any reason lets go, and a child given the file (``pass_fds``) holds it too."""
+    that dies for any reason lets go, and a child given the file (``pass_fds``) holds it too.
+
+    Not the ``filelock`` library (checked with 4.3.1): its ``os.register_at_fork`` hook closes the
+    inherited descriptor in a forked child, so a trial forked from its worker (``ForkedTrial``) would
+    not hold its trial's lock, and another worker could resume the trial while the orphan, its
+    worker killed, still writes its checkpoint; its ``release`` unlocks (``LOCK_UN``) the open file
+    a ``pass_fds`` child shares before closing it, so the child would lose the lock too; the
+    descriptor to pass is private (``_context.lock_file_fd``); and where ``flock`` is missing it
+    falls back by default to a marker file that a killed process leaves behind."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -258,7 +250,7 @@ class SweepStudy:
         if sweep.method == "grid":
             for point in grid_points(sweep.parameters):
                 study.enqueue_trial(optuna_params(sweep.parameters, point))
-        study.set_user_attr(WORKERS, 0)
+        study.set_user_attr(WORKERS_ATTR, 0)
         return cls(optuna, study, sweep, folder, storage)
 
     @classmethod
@@ -273,8 +265,8 @@ class SweepStudy:
 
     def join(self) -> int:
         """Count this worker in (under the folder lock) and give it its sampler; its number."""
-        number = int(self.study.user_attrs.get(WORKERS, 0))
-        self.study.set_user_attr(WORKERS, number + 1)
+        number = int(self.study.user_attrs.get(WORKERS_ATTR, 0))
+        self.study.set_user_attr(WORKERS_ATTR, number + 1)
         self.study.sampler = make_sampler(self.optuna, self.sweep, number)
         return number
 
@@ -282,7 +274,7 @@ class SweepStudy:
         return list(self.study.get_trials(deepcopy=False))
 
     def stopped(self) -> str | None:
-        return self.study.user_attrs.get(STOPPED)
+        return self.study.user_attrs.get(STOPPED_ATTR)
 
     def claim(self) -> Claim | None:
         """Take the next trial: an interrupted one first (resumed in its folder), else a new one
@@ -291,18 +283,18 @@ class SweepStudy:
             return None
         trials = self.trials()
         for trial in trials:
-            if trial.state == self.states.RUNNING and OUTPUT_DIR in trial.user_attrs:
-                folder = Path(trial.user_attrs[OUTPUT_DIR])
+            if trial.state == self.states.RUNNING and OUTPUT_DIR_ATTR in trial.user_attrs:
+                folder = Path(trial.user_attrs[OUTPUT_DIR_ATTR])
                 lock = FileLock(folder / TRIAL_LOCK)
                 if folder.is_dir() and lock.acquire(blocking=False):
-                    self._mark(trial._trial_id, {WORKER: this_worker()})
+                    self._mark(trial._trial_id, {WORKER_ATTR: this_worker()})
                     values = job_values(self.sweep.parameters, trial.params)
                     return Claim(trial.number, values, folder, lock, resumed=True)
         if sum(trial.state != self.states.WAITING for trial in trials) >= self.budget:
             return None
         trial = self.study.ask(self.distributions)
-        folder = self.folder / f"trial-{trial.number:03d}"
-        self._mark(trial._trial_id, {OUTPUT_DIR: str(folder.resolve()), WORKER: this_worker()})
+        folder = self.folder / trial_name(trial.number)
+        self._mark(trial._trial_id, {OUTPUT_DIR_ATTR: str(folder.resolve()), WORKER_ATTR: this_worker()})
         folder.mkdir(parents=True, exist_ok=True)
         lock = FileLock(folder / TRIAL_LOCK)
         lock.acquire()
@@ -326,8 +318,8 @@ class SweepStudy:
             t.number
             for t in self.trials()
             if t.state == self.states.RUNNING
-            and OUTPUT_DIR in t.user_attrs
-            and FileLock.held_elsewhere(Path(t.user_attrs[OUTPUT_DIR]) / TRIAL_LOCK)
+            and OUTPUT_DIR_ATTR in t.user_attrs
+            and FileLock.held_elsewhere(Path(t.user_attrs[OUTPUT_DIR_ATTR]) / TRIAL_LOCK)
         ]
 
     def interrupted(self) -> list[int]:

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from runjob.tags import LOCAL_PLUGINS_TAG, SWEEP_TRIAL_TAG
+
 if TYPE_CHECKING:
     from runjob.host.plugin_host import LocalPlugin, PluginHost
     from runjob.job.validation import ResolvedJob
     from runjob.train.request import Recording, Resume
-
-SWEEP_TRIAL_TAG = "runjob.sweep.trial"
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,8 @@ def _run(
     local: Sequence[LocalPlugin],
 ) -> RunOutcome:
     """:func:`run`, its ``local`` plugins imported and in place."""
-    from runjob.host.plugin_host import LOCAL_TAG, load_plugins
     from runjob.host.plugin_host import disabled_plugins as default_disabled
+    from runjob.host.plugin_host import load_plugins
     from runjob.job.schema import sweep_note
     from runjob.job.validation import load_resolved
     from runjob.record.local import run_id_in
@@ -116,7 +116,7 @@ def _run(
     disabled = dict(default_disabled() if disabled_plugins is None else disabled_plugins)
     tags = dict(tags or {})
     if local:  # as the main process was given them (a worker gets this tag from it)
-        tags.setdefault(LOCAL_TAG, json.dumps([plugin.record() for plugin in local]))
+        tags.setdefault(LOCAL_PLUGINS_TAG, json.dumps([plugin.record() for plugin in local]))
     host = host or load_plugins(disabled)
     adopt_slurm_environment()
     job = job or load_resolved(job_file, list(overrides), host)

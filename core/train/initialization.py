@@ -20,12 +20,10 @@ from runjob.errors import JobError, Problem, RunjobError, describe
 from runjob.host.run_folder import MODELS_FILE, WEIGHTS_FILE, RunFolder
 from runjob.job.schema import RUNS_URI
 from runjob.record.local import RunRecord
+from runjob.tags import INIT_FROM_RUN_TAG, INIT_FROM_TAG
 
 SHOWN = 4
 """How many names a message lists before '...'."""
-
-INIT_TAG = "runjob.init_from"
-INIT_RUN_TAG = "runjob.init_from.run_id"
 
 
 def _listed(names: list[str], shown: int = SHOWN) -> str:
@@ -202,7 +200,7 @@ def init_from(model: Any, job: Any, tracking_uri: str | None) -> tuple[str, dict
         raise job_problem(job, key, message)
     run = f" (MLflow run {source.run_id})" if source.run_id else ""
     line = f"{key}: {source.shown}{run}: {transfer.summary(len(model.state_dict()))}"
-    tags = {INIT_TAG: value, **({INIT_RUN_TAG: source.run_id} if source.run_id else {})}
+    tags = {INIT_FROM_TAG: value, **({INIT_FROM_RUN_TAG: source.run_id} if source.run_id else {})}
     return line, tags
 
 

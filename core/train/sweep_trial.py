@@ -19,15 +19,13 @@ from runjob.errors import RunjobError, describe
 from runjob.host.callback import Callback
 from runjob.job.redaction import redact_text
 from runjob.job.schema import SWEEP_TABLE, SweepPruner
+from runjob.tags import SWEEP_PRUNED_TAG, SWEEP_STUDY_TAG, SWEEP_TRIAL_TAG
 
 if TYPE_CHECKING:
     from runjob.host.run_context import Run
     from runjob.job.validation import ResolvedJob
 
 STORAGE_ENVIRONMENT = "RUNJOB_SWEEP_STORAGE"
-STUDY_TAG = "runjob.sweep.study"
-TRIAL_TAG = "runjob.sweep.trial"
-PRUNED_TAG = "runjob.sweep.pruned"
 PRUNING_CALLBACK = "sweep_pruning"  # its name among the run's callbacks (and in messages)
 
 
@@ -105,7 +103,7 @@ class SweepPruning(Callback):
         trial = self._optuna_trial()
         trial.report(float(metrics[metric]), self.evaluations)
         if trial.should_prune():
-            run.set_tags({PRUNED_TAG: "true"})
+            run.set_tags({SWEEP_PRUNED_TAG: "true"})
             run.request_stop(
                 f"pruned by the sweep's {self.sweep.pruner.name} pruner at evaluation {self.evaluations} "
                 f"({metric} {metrics[metric]:.4g})"
@@ -121,8 +119,9 @@ class SweepPruning(Callback):
 def sweep_pruning(job: ResolvedJob, tags: dict[str, str]) -> SweepPruning | None:
     """The pruning callback for a sweep trial whose sweep has a pruner, else None."""
     storage = os.environ.get(STORAGE_ENVIRONMENT)
-    if job.sweep is None or job.sweep.pruner.name == "none" or TRIAL_TAG not in tags or STUDY_TAG not in tags:
+    trial = SWEEP_TRIAL_TAG in tags and SWEEP_STUDY_TAG in tags
+    if job.sweep is None or job.sweep.pruner.name == "none" or not trial:
         return None
     if not storage:
         return None
-    return SweepPruning(job, tags[STUDY_TAG], int(tags[TRIAL_TAG]), storage)
+    return SweepPruning(job, tags[SWEEP_STUDY_TAG], int(tags[SWEEP_TRIAL_TAG]), storage)
