@@ -4,7 +4,9 @@ sweep whose trials are child runs of one parent MLflow run."""
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
+import os
 import signal
 import sys
 import time
@@ -15,16 +17,18 @@ from types import SimpleNamespace
 import psutil
 import pytest
 from helpers import RESNET18_DIGITS, SMALL_DIGITS
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from runjob.commands.cli import main
 from runjob.errors import RunjobError
 from runjob.host.plugin_host import load_plugins
-from runjob.job.jobfile import parse_override_value
+from runjob.job.jobfile import REMOVE, RawJob, apply_override, parse_override_value
 from runjob.job.schema import SweepRange, SweepTable
 from runjob.job.validation import load_resolved
 from runjob.sweep.devices import plan_workers, visible_gpus
 from runjob.sweep.study import Claim, FileLock, SweepStudy, grid_points
-from runjob.sweep.worker import read_outcome, toml_value
+from runjob.sweep.worker import override, read_outcome, toml_value
 from runjob.testing import write_job
 
 BASE = RESNET18_DIGITS.format(name="sw")  # checked only: the line numbers below are its lines
@@ -257,6 +261,38 @@ def test_a_grid_is_its_combinations_in_order_each_taken_once(tmp_path):
         assert parse_override_value(toml_value(value)) == value
 
 
+_OFFSETS = st.integers(-23 * 60 - 59, 23 * 60 + 59).map(lambda m: dt.timezone(dt.timedelta(minutes=m)))
+_TOML_TEXT = st.text(st.characters(exclude_categories=["Cs"]))  # TOML strings hold no lone surrogates
+_TOML_SCALARS = (
+    st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)  # inf and -inf too: a TOML job may list them as choices
+    | _TOML_TEXT
+    | st.dates()
+    | st.datetimes(timezones=st.none() | _OFFSETS)
+    | st.times()
+)
+TOML_VALUES = st.recursive(
+    _TOML_SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TOML_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=TOML_VALUES)
+def test_a_trial_value_passed_as_set_reads_back_as_the_same_value_on_one_line(value):
+    """A sweep trial's value reaches its run as ``--set KEY=TEXT``: whatever a job file can list
+    (or Optuna draw from a range), the run's job gets exactly it, and the flag is one line."""
+    assume(value != REMOVE)
+    text = override("optimizer.choice", value)
+    assert "\n" not in text and "\r" not in text
+    job = RawJob(path=Path("job.toml"), data={})
+    assert apply_override(job, text) is None
+    assert job.data == {"optimizer": {"choice": value}}
+    assert type(job.data["optimizer"]["choice"]) is type(value)
+
+
 @pytest.mark.timeout(60)
 def test_an_interrupted_trial_is_taken_over_once_its_lock_is_free_and_never_while_held(tmp_path):
     study = SweepStudy.create(_sweep("random", 0, trials=2), tmp_path, "r")
@@ -275,6 +311,34 @@ def test_an_interrupted_trial_is_taken_over_once_its_lock_is_free_and_never_whil
     assert study.claim() is None
     other = FileLock(second.output_dir / ".trial.lock")
     assert not other.acquire(blocking=False), "a second worker cannot take a trial whose lock is held"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="a trial is forked from its worker where it can be")
+def test_a_trials_lock_stays_held_by_its_run_when_the_worker_lets_go_and_goes_when_the_run_dies(tmp_path):
+    """A trial's run holds its trial's lock with its worker: started with the lock's file
+    (``pass_fds``) or forked from the worker, it still holds it once the worker is gone (killed:
+    the run checkpoints on its way out), so no other worker resumes the trial until the run is dead."""
+    import subprocess
+
+    for how in ("pass_fds", "fork"):
+        path = tmp_path / f"{how}.lock"
+        worker = FileLock(path)
+        assert worker.acquire(blocking=False)
+        assert worker.fd is not None
+        if how == "pass_fds":
+            run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=(worker.fd,))
+        else:
+            pid = os.fork()
+            if pid == 0:  # the forked run
+                time.sleep(60)
+                os._exit(0)
+            run = psutil.Process(pid)
+        worker.release()  # the worker's own hold is gone
+        assert FileLock.held_elsewhere(path), f"a run started by {how} holds its trial's lock"
+        run.kill()
+        run.wait()
+        assert not FileLock.held_elsewhere(path), f"a run started by {how} lets go when it dies"
 
 
 @pytest.mark.timeout(30)

@@ -30,9 +30,9 @@ def classification(top_k=None):
 def test_evaluate_task_reports_what_the_loops_evaluation_reports():
     import torch
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
     from torch.utils.data import DataLoader, TensorDataset
 
+    from runjob.train.accelerator import forget_accelerator
     from runjob.train.loop import evaluate
 
     torch.manual_seed(0)
@@ -45,8 +45,7 @@ def test_evaluate_task_reports_what_the_loops_evaluation_reports():
         run = Run(RunParts(job, Accelerator(cpu=True), model, task, Path("."), val_loader=loader))
         from_the_loop = evaluate(run, loader, "test")
     finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        forget_accelerator()
 
     with torch.no_grad():
         pairs = [(model(x), (x, y)) for x, y in loader]

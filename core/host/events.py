@@ -19,8 +19,9 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import enum
+import graphlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -112,14 +113,23 @@ def order_callbacks(callbacks: Mapping[str, Callback]) -> list[str]:
     declares ``after`` comes after each callback named there that is switched on (a stable
     topological order). A cycle is the plugins' mistake, said in one line."""
     names = list(callbacks)
-    waits = {name: [other for other in getattr(callbacks[name], "after", ()) if other in callbacks] for name in names}
+    position = {name: index for index, name in enumerate(names)}
+    sorter = graphlib.TopologicalSorter(
+        {name: [other for other in getattr(callbacks[name], "after", ()) if other in callbacks] for name in names}
+    )
+    with suppress(graphlib.CycleError):  # what no cycle blocks still comes out; the rest is said below
+        sorter.prepare()
     ordered: list[str] = []
-    while len(ordered) < len(names):
-        ready = next((name for name in names if name not in ordered and all(o in ordered for o in waits[name])), None)
-        if ready is None:
-            stuck = [name for name in names if name not in ordered]
-            raise TrainingError(f"callbacks {', '.join(stuck)} each declare `after` another of them: no order fits")
-        ordered.append(ready)
+    ready: set[str] = set()
+    while sorter.is_active():
+        ready.update(sorter.get_ready())
+        first = min(ready, key=position.__getitem__)  # the given order among the ready ones
+        ready.remove(first)
+        ordered.append(first)
+        sorter.done(first)
+    if len(ordered) < len(names):
+        stuck = [name for name in names if name not in ordered]
+        raise TrainingError(f"callbacks {', '.join(stuck)} each declare `after` another of them: no order fits")
     return ordered
 
 
@@ -264,6 +274,29 @@ class Dispatcher:
             listener.call(run=self.run, **dict(zip(event.arguments, values, strict=True)))
         else:
             listener.call(self.run, *values)
+
+    def states(self) -> dict[str, Any]:
+        """Every callback's ``state_dict()`` by name, for a checkpoint, under the error policy: a
+        callback that fails is one line naming it, the method and the step."""
+        return {name: self._guarded(name, "state_dict", item.state_dict) for name, item in self.callbacks.items()}
+
+    def load_states(self, states: Mapping[str, Any], source: str) -> None:
+        """Give each callback its state from a checkpoint (``load_state_dict``; ``source`` names the
+        checkpoint), under the error policy: a callback's own failure is said as its failure, not as
+        a damaged checkpoint."""
+        for name, callback in self.callbacks.items():
+            if states.get(name):
+                self._guarded(name, "load_state_dict", callback.load_state_dict, states[name], at=f"loading {source}")
+
+    def _guarded(self, name: str, where: str, method: Callable[..., Any], *arguments: Any, at: str = "") -> Any:
+        try:
+            return method(*arguments)
+        except (Terminated, KeyboardInterrupt, TrainingError):
+            raise
+        except Exception as error:  # noqa: BLE001 - one line naming who failed; the traceback to the log
+            raise TrainingError(
+                f"{self._callback_name(name)} failed in {where} {at or f'at step {self.step()}'}: {describe(error)}"
+            ) from error
 
     def end(self, status: str, error: BaseException | None) -> list[str]:
         """``RUN_END`` to every listener, each whatever the others do; returns one line for each

@@ -26,47 +26,46 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from runjob.errors import RunjobError
 from runjob.record.local import RunRecord, last_values
 from runjob.record.sync import make_whole
-from runjob.sweep.study import (
-    INTERRUPTED,
-    LOCK_FILE,
-    MESSAGE,
-    RUN_ID,
-    STOPPED,
-    UNSYNCED,
-    WORKER,
-    Claim,
-    FileLock,
-    SweepStudy,
-    this_worker,
+from runjob.sweep.study import Claim, FileLock, SweepStudy, this_worker
+from runjob.sweep.sweep_folder import CONSOLE_FILE, LOCK_FILE
+from runjob.tags import (
+    INTERRUPTED_ATTR,
+    MESSAGE_ATTR,
+    PARENT_RUN_TAG,
+    RUN_ID_ATTR,
+    STOPPED_ATTR,
+    STOPPED_TAG,
+    SWEEP_DEVICES_TAG,
+    SWEEP_KEYS_TAG,
+    SWEEP_PARENT_TAG,
+    SWEEP_PRUNED_TAG,
+    SWEEP_STUDY_TAG,
+    SWEEP_TRIAL_TAG,
+    UNSYNCED_ATTR,
+    WORKER_ATTR,
 )
 from runjob.train.entry import run_arguments
 from runjob.train.request import Resume
-from runjob.train.sweep_trial import PRUNED_TAG, STORAGE_ENVIRONMENT, STUDY_TAG, TRIAL_TAG
+from runjob.train.sweep_trial import STORAGE_ENVIRONMENT
 
 USER_MISTAKE_EXIT = 2  # a trial that exits with this stops the sweep: every other trial would repeat it
-CONSOLE_FILE = "console.log"  # a trial's output, when several workers share a terminal
-KEYS_TAG = "runjob.sweep.keys"
 FORK_ENVIRONMENT = "RUNJOB_SWEEP_FORK"  # "0": each trial starts an interpreter of its own instead
-PARENT_TAG = "runjob.sweep.parent"
-DEVICES_TAG = "runjob.sweep.devices"
 
 
 def toml_value(value: Any) -> str:
-    """``value`` as one line of TOML, as ``--set`` reads it back (``0.01``, ``"ddp"``, ``[0.9, 0.99]``)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml_value(item) for item in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return str(value.isoformat())  # TOML dates and times
+    """``value`` as one line of TOML, as ``--set`` reads it back (``0.01``, ``"ddp"``, ``[0.9, 0.99]``).
+
+    tomli-w writes documents, not values: a table as a document's value would be a ``[v]`` section,
+    so the value goes in an array beside a number, where everything is written inline; with
+    ``indent=0`` its only line breaks are an array's (a string's are escaped), joined here."""
+    document = tomli_w.dumps({"v": [value, 0]}, indent=0)
+    inline = document.removeprefix("v = [\n").removesuffix(",\n0,\n]\n")
+    return inline.replace("[\n", "[").replace(",\n]", "]").replace(",\n", ", ")
 
 
 def override(key: str, value: Any) -> str:
@@ -268,22 +267,22 @@ class Worker:
                 self.after_trial(outcome)
             if outcome.state == "fail" and outcome.code == USER_MISTAKE_EXIT:
                 reason = f"trial {outcome.number} ({shown(outcome.values)}) stopped with a mistake in the job"
-                study.study.set_user_attr(STOPPED, reason)
+                study.study.set_user_attr(STOPPED_ATTR, reason)
                 raise RunjobError(f"sweep {reason} or its setup (above) that every trial would repeat; the sweep stops")
         return self.outcomes
 
     def _command(self, claim: Claim) -> list[str]:
         study = self.study
         tags = {
-            "mlflow.parentRunId": self.parent_run_id,
-            PARENT_TAG: self.parent_run_id,
-            TRIAL_TAG: str(claim.number),
-            STUDY_TAG: study.study.study_name,
-            KEYS_TAG: json.dumps(list(study.sweep.parameters)),
+            PARENT_RUN_TAG: self.parent_run_id,
+            SWEEP_PARENT_TAG: self.parent_run_id,
+            SWEEP_TRIAL_TAG: str(claim.number),
+            SWEEP_STUDY_TAG: study.study.study_name,
+            SWEEP_KEYS_TAG: json.dumps(list(study.sweep.parameters)),
         }
         devices = self.environment.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
         if devices:
-            tags[DEVICES_TAG] = devices  # which GPUs this trial had, readable in mlflow ui
+            tags[SWEEP_DEVICES_TAG] = devices  # which GPUs this trial had, readable in mlflow ui
         sets = [override(key, value) for key, value in claim.values.items()]
         resume = Resume("auto") if claim.resumed else None
         arguments = run_arguments(self.job_file, [*self.overrides, *sets], claim.output_dir, resume, tags)
@@ -329,13 +328,13 @@ class Worker:
 
     def _record(self, outcome: Outcome) -> None:
         study = self.study
-        attrs: dict[str, Any] = {MESSAGE: outcome.message}
+        attrs: dict[str, Any] = {MESSAGE_ATTR: outcome.message}
         if outcome.run_id:
-            attrs[RUN_ID] = outcome.run_id
+            attrs[RUN_ID_ATTR] = outcome.run_id
         if outcome.unsynced:
-            attrs[UNSYNCED] = outcome.unsynced
+            attrs[UNSYNCED_ATTR] = outcome.unsynced
         if outcome.state == "interrupted":
-            attrs[INTERRUPTED] = True  # stays RUNNING: the next worker resumes it
+            attrs[INTERRUPTED_ATTR] = True  # stays RUNNING: the next worker resumes it
         study.mark(outcome.number, attrs)
         if outcome.state != "interrupted":
             study.tell(outcome.number, outcome.value, outcome.state)
@@ -361,10 +360,10 @@ def read_outcome(claim: Claim, code: int, signum: int | None, metric: str) -> Ou
     elif not math.isfinite(value):
         outcome.message = f"{metric} is {value}"
     else:
-        pruned = record is not None and record.tags.get(PRUNED_TAG) == "true"
+        pruned = record is not None and record.tags.get(SWEEP_PRUNED_TAG) == "true"
         outcome.state, outcome.value = ("pruned" if pruned else "complete"), float(value)
         if pruned:
-            outcome.message = record.tags.get("runjob.stopped", "pruned") if record else "pruned"
+            outcome.message = record.tags.get(STOPPED_TAG, "pruned") if record else "pruned"
     return outcome
 
 
@@ -380,7 +379,7 @@ def wait_for_previous(study: SweepStudy, timeout: float = 300.0) -> None:
         busy = [
             t.number
             for t in study.trials()
-            if t.number in running and str(t.user_attrs.get(WORKER, "")).split()[:1] == [here]
+            if t.number in running and str(t.user_attrs.get(WORKER_ATTR, "")).split()[:1] == [here]
         ]
         if not busy:
             return

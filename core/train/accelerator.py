@@ -12,6 +12,7 @@ from typing import Any
 from runjob.errors import TrainingError
 from runjob.host.components import StrategyPlan
 from runjob.job.plan import fp16_problem
+from runjob.tags import DEVICE_TAG, DISTRIBUTED_TYPE_TAG, MIXED_PRECISION_TAG, NUM_MACHINES_TAG, WORLD_SIZE_TAG
 from runjob.train.data_loading import pins_memory
 from runjob.train.launcher import launched_processes
 
@@ -53,6 +54,21 @@ def build_accelerator(job: Any, plan: StrategyPlan) -> Any:
         raise TrainingError(f"train.mixed_precision / strategy: Accelerate refused the setup: {error}") from None
 
 
+def forget_accelerator() -> None:
+    """Forget the Accelerator this process made, so that the next one is built from its own arguments.
+
+    Accelerate keeps process-wide singletons (``PartialState``, ``AcceleratorState``,
+    ``GradientState``: class-level shared dicts). A second ``Accelerator`` in the same process takes
+    them over as they are (the first one's device, distributed setup, strategy plugins, accumulation
+    steps), or refuses with "AcceleratorState has already been initialized" when its precision or
+    ``cpu`` differs. A run, and an evaluation of a finished run, call this when done with theirs, so
+    that the next one in the process (a sweep's forked trial, a test, ``runjob evaluate``) starts clean."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
     """Raise TrainingError if what Accelerate set up is not what the job asked for."""
     problems = []
@@ -88,11 +104,11 @@ def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
 def actual_setup(accelerator: Any) -> dict[str, str]:
     """What really runs, as MLflow tags."""
     return {
-        "runjob.distributed_type": accelerator.distributed_type.name,
-        "runjob.world_size": str(accelerator.num_processes),
-        "runjob.mixed_precision": accelerator.mixed_precision,
-        "runjob.device": accelerator.device.type,
-        "runjob.num_machines": str(_machines(accelerator)),
+        DISTRIBUTED_TYPE_TAG: accelerator.distributed_type.name,
+        WORLD_SIZE_TAG: str(accelerator.num_processes),
+        MIXED_PRECISION_TAG: accelerator.mixed_precision,
+        DEVICE_TAG: accelerator.device.type,
+        NUM_MACHINES_TAG: str(_machines(accelerator)),
     }
 
 

@@ -54,8 +54,9 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: steps[p] or 0)
 
 
-def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, Any]) -> Path:
-    """Write a checkpoint of ``run`` at ``position`` on every rank; returns its folder."""
+def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, Any], events: Any) -> Path:
+    """Write a checkpoint of ``run`` at ``position`` on every rank; returns its folder. The callbacks'
+    states come through ``events``, the run's dispatcher, under its error policy."""
     import torch
 
     accelerator = run.accelerator
@@ -71,7 +72,7 @@ def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, An
         if accelerator.is_main_process:
             if run.scheduler is not None:
                 torch.save(run.scheduler.state_dict(), temporary / SCHEDULER_FILE)
-            states = {name: callback.state_dict() for name, callback in run.callbacks.items()}
+            states = events.states()
             if any(states.values()):
                 torch.save(states, temporary / CALLBACKS_FILE)
             state = {**asdict(position), **extra}
@@ -204,22 +205,25 @@ def set_aside_attempt(output_dir: Path) -> Path:
     return kept
 
 
-def load_checkpoint(run: Any, checkpoint: Path) -> Position:
-    """Restore model, optimizer, scheduler, RNG and sampler states; returns where to continue."""
+def load_checkpoint(run: Any, checkpoint: Path, events: Any) -> Position:
+    """Restore model, optimizer, scheduler, RNG and sampler states; returns where to continue. The
+    callbacks get theirs through ``events``, the run's dispatcher: a callback that fails to take its
+    state is said as that callback's failure, not as a damaged checkpoint."""
     import torch
 
     state = read_state(checkpoint)
+    states: dict[str, Any] = {}
     try:
         run.accelerator.load_state(str(checkpoint))
         if run.scheduler is not None and (checkpoint / SCHEDULER_FILE).exists():
             run.scheduler.load_state_dict(torch.load(checkpoint / SCHEDULER_FILE, weights_only=True))
         if (checkpoint / CALLBACKS_FILE).exists():
             states = torch.load(checkpoint / CALLBACKS_FILE, weights_only=True, map_location="cpu")
-            for name, callback in run.callbacks.items():
-                if states.get(name):
-                    callback.load_state_dict(states[name])
+            if not isinstance(states, dict):
+                raise TypeError(f"{CALLBACKS_FILE} holds a {type(states).__name__}, not the callbacks' states by name")
     except Exception as error:  # noqa: BLE001 - a corrupt or incompatible checkpoint
         raise RunjobError(f"cannot load checkpoint {checkpoint}: {describe(error)}") from None
+    events.load_states(states, str(checkpoint))
     return Position(state["step"], state["epoch"], state["batches_done"])
 
 

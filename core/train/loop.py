@@ -289,7 +289,7 @@ class TrainingLoop:
             self.recorder.log_training_metrics(metrics, step)
 
     def checkpoint(self, position: Position) -> Path:
-        return save_checkpoint(self.run, position, self.run.job.train.keep_checkpoints, self.saved_with)
+        return save_checkpoint(self.run, position, self.run.job.train.keep_checkpoints, self.saved_with, self.events)
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""

@@ -53,7 +53,27 @@ from runjob.record.provenance import dataset_lineage, git_tags, job_sources
 from runjob.record.recorder import MainRecorder, NodeRecorder, Recorder, recorder_for
 from runjob.record.system_metrics import SystemMetricsSampler
 from runjob.record.uri import HTTP_DEFAULTS, default_experiment, resolve_tracking_uri
-from runjob.train.accelerator import actual_setup, build_accelerator, check_setup
+from runjob.tags import (
+    ACCELERATE_VERSION_TAG,
+    CUDA_VERSION_TAG,
+    GPU_TAG,
+    HOST_TAG,
+    JOB_FILE_TAG,
+    METRICS_TAG,
+    NOTE_TAG,
+    OUTPUT_DIR_TAG,
+    OVERRIDES_TAG,
+    RESUME_COMMAND_TAG,
+    STOPPED_STEP_TAG,
+    STOPPED_TAG,
+    SWEEP_TRIAL_TAG,
+    TORCH_VERSION_TAG,
+    VERSION_TAG,
+    baseline_tag,
+    plugin_tag,
+    resumed_tag,
+)
+from runjob.train.accelerator import actual_setup, build_accelerator, check_setup, forget_accelerator
 from runjob.train.checkpoints import (
     Position,
     compare_jobs,
@@ -65,7 +85,7 @@ from runjob.train.checkpoints import (
     set_aside_attempt,
     tidy_finished,
 )
-from runjob.train.entry import SWEEP_TRIAL_TAG, RunOutcome
+from runjob.train.entry import RunOutcome
 from runjob.train.loop import Schedule, StopRequest, TrainingLoop, plan_schedule
 from runjob.train.request import Recording, Resume, RunRequest
 from runjob.train.stopping import StopSignals, say, signal_name
@@ -81,25 +101,25 @@ def _tags(
     from runjob import __version__
 
     tags = {
-        "runjob.version": __version__,
-        "runjob.job_file": str(job.source.path.resolve()),
-        "runjob.output_dir": str(output_dir.resolve()),
-        "runjob.overrides": " ".join(redact_override(o) for o in job.source.overrides),
-        "runjob.host": socket.gethostname(),
-        "runjob.torch_version": torch.__version__,
-        "runjob.accelerate_version": accelerate.__version__,
-        "runjob.cuda_version": torch.version.cuda or "none",
-        "runjob.metrics": json.dumps(declared_metrics(job.task.options)),
+        VERSION_TAG: __version__,
+        JOB_FILE_TAG: str(job.source.path.resolve()),
+        OUTPUT_DIR_TAG: str(output_dir.resolve()),
+        OVERRIDES_TAG: " ".join(redact_override(o) for o in job.source.overrides),
+        HOST_TAG: socket.gethostname(),
+        TORCH_VERSION_TAG: torch.__version__,
+        ACCELERATE_VERSION_TAG: accelerate.__version__,
+        CUDA_VERSION_TAG: torch.version.cuda or "none",
+        METRICS_TAG: json.dumps(declared_metrics(job.task.options)),
         **actual_setup(accelerator),
         **git_tags(job.source.path),
     }
     if accelerator.device.type == "cuda":
-        tags["runjob.gpu"] = torch.cuda.get_device_name(accelerator.device)
+        tags[GPU_TAG] = torch.cuda.get_device_name(accelerator.device)
     for plugin in host.plugins:  # a built-in plugin's version is runjob.version
         if not plugin.builtin:
-            tags[f"runjob.plugin.{plugin.name}"] = f"{plugin.distribution} {plugin.version}"
+            tags[plugin_tag(plugin.name)] = f"{plugin.distribution} {plugin.version}"
     if job.job.description:
-        tags["mlflow.note.content"] = job.job.description  # MLflow's run description
+        tags[NOTE_TAG] = job.job.description  # MLflow's run description
     tags.update(redact_tables(dict(job.tracking.tags)))
     tags.update(extra)
     return tags
@@ -387,11 +407,11 @@ def _assemble(
     plugins = {name: chosen.component.plugin for name, chosen in job.enabled_callbacks().items()}
     plugins.setdefault(PRUNING_CALLBACK, "runjob")
     events = dispatcher(run, host.hook, plugins)
-    start = load_checkpoint(run, prepared.checkpoint) if prepared.checkpoint is not None else Position()
+    start = load_checkpoint(run, prepared.checkpoint, events) if prepared.checkpoint is not None else Position()
     if prepared.checkpoint is not None:
-        resumed = {f"runjob.resumed.step_{prepared.saved['step']}": "; ".join(prepared.changes) or "no changes"}
-        if recorder.active and NOTE in recorder.record.tags:  # a stop's "to go on" is done now
-            resumed[NOTE] = job.job.description or ""
+        resumed = {resumed_tag(prepared.saved["step"]): "; ".join(prepared.changes) or "no changes"}
+        if recorder.active and NOTE_TAG in recorder.record.tags:  # a stop's "to go on" is done now
+            resumed[NOTE_TAG] = job.job.description or ""
         recorder.set_tags(resumed)
     loop = TrainingLoop(run, events, clock, built.schedule, record=recorder, start=start, stop=stop)
     events.send(Event.RUN_START)
@@ -411,7 +431,7 @@ def _finish_training(
     MLflow model built and waited for); the summary lines to print."""
     accelerator, output_dir = prepared.accelerator, prepared.output_dir
     if loop.stopped:
-        recorder.set_tags({"runjob.stopped": loop.stopped, "runjob.stopped.step": str(loop.step)})
+        recorder.set_tags({STOPPED_TAG: loop.stopped, STOPPED_STEP_TAG: str(loop.step)})
     accelerator.wait_for_everyone()
     save_weights(accelerator, built.model, output_dir)
     if not accelerator.is_main_process:
@@ -534,7 +554,7 @@ def _record_baselines(recorder: Recorder, accelerator: Any, baselines: dict[str,
     and said: as metrics they were the first a run logged, which mlflow ui's compare view opens on."""
     if not baselines:
         return
-    recorder.set_tags({f"runjob.baseline.{name}": f"{float(value):.6g}" for name, value in baselines.items()})
+    recorder.set_tags({baseline_tag(name): f"{float(value):.6g}" for name, value in baselines.items()})
     if accelerator.is_main_process:
         print("runjob: the data's baselines: " + "  ".join(f"{k} {v:.4g}" for k, v in baselines.items()))
 
@@ -677,9 +697,6 @@ def _listen_for_stop(stop: StopRequest, extra_signal: str | None) -> StopSignals
     return listener.open()
 
 
-NOTE = "mlflow.note.content"  # MLflow's run description
-
-
 def _how_to_go_on(
     request: RunRequest, recorder: Recorder, output_dir: Path, interrupt: BaseException, step: int | None
 ) -> BaseException:
@@ -708,9 +725,9 @@ def _how_to_go_on(
             stopped = Interrupted(checkpoint, command)
             newest = f"the newest complete checkpoint is {checkpoint}" if checkpoint else "there is no checkpoint"
             how = f"Stopped at once by a second Ctrl-C{at}, without a checkpoint; {newest}."
-        note = recorder.record.tags.get(NOTE, "") if recorder.active else ""
+        note = recorder.record.tags.get(NOTE_TAG, "") if recorder.active else ""
         going_on = f"{how} To {'go on' if checkpoint else 'start again'}: `{recorded}`"
-        recorder.set_tags({"runjob.resume_command": recorded, NOTE: f"{note}\n\n{going_on}" if note else going_on})
+        recorder.set_tags({RESUME_COMMAND_TAG: recorded, NOTE_TAG: f"{note}\n\n{going_on}" if note else going_on})
         for line in stopped.said() if isinstance(stopped, (Terminated, Interrupted)) else []:
             logfile.note(line)  # in runjob.log too: the terminal's reader may be gone, and what it was shown with it
         return stopped
@@ -731,10 +748,7 @@ ACCELERATE_SWITCHES = ("ACCELERATE_USE_FSDP", "ACCELERATE_USE_DEEPSPEED")
 
 def _reset_accelerate(environment: dict[str, str | None]) -> None:
     """Forget this run's Accelerator (its process-wide state) and put back the variables the run set."""
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    forget_accelerator()
     for name, value in environment.items():
         if value is None:
             os.environ.pop(name, None)

@@ -28,8 +28,9 @@ from runjob.job.validation import ResolvedJob, resolve
 from runjob.record.local import RunRecord
 from runjob.record.store import download_artifact, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
+from runjob.tags import OUTPUT_DIR_TAG
+from runjob.train.accelerator import forget_accelerator
 
-OUTPUT_DIR_TAG = "runjob.output_dir"
 RUN_ID = re.compile(r"^[0-9a-fA-F]{8,64}$")
 
 
@@ -209,15 +210,13 @@ def one_process_accelerator(job: ResolvedJob) -> Iterator[Any]:
     GPU when there is one (unless ``train.cpu``); Accelerate's process-wide state is forgotten after."""
     import torch
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
 
     cpu = job.train.cpu or not torch.cuda.is_available()
     precision = "no" if cpu and job.train.mixed_precision == "fp16" else job.train.mixed_precision
     try:
         yield Accelerator(cpu=cpu, mixed_precision=precision)
     finally:
-        AcceleratorState._reset_state(reset_partial_state=True)
-        GradientState._reset_state()
+        forget_accelerator()
 
 
 def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, float]:
