@@ -135,3 +135,19 @@ def test_each_tag_name_has_one_constant():
         by_value[value].append(name)
     assert constants, "the tags module defines its tags as literals"
     assert {value: names for value, names in by_value.items() if len(names) > 1} == {}
+
+
+OPTUNA_PRIVATE = {"_storage", "_study_id", "_trial_id", "_backend", "_cached_frozen_trial"}
+"""Optuna's private attributes the sweep engine once reached (issue 32): its storage API is public."""
+
+
+def test_the_sweep_engine_uses_only_optunas_public_api():
+    reached = []
+    for folder in SOURCES:
+        for path in sorted(folder.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Attribute) and node.attr in OPTUNA_PRIVATE:
+                    owner = node.value.id if isinstance(node.value, ast.Name) else ""
+                    if owner not in ("self", "cls"):  # an object's own private state is its business
+                        reached.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr}")
+    assert not reached, "Optuna's private names reached:\n" + "\n".join(reached)

@@ -218,9 +218,13 @@ class Claim:
 class SweepStudy:
     """The Optuna study of one sweep, as its workers and its owner use it."""
 
-    def __init__(self, optuna: Any, study: Any, sweep: SweepTable, folder: Path, storage: str) -> None:
+    def __init__(self, optuna: Any, study: Any, sweep: SweepTable, folder: Path, storage: str, backend: Any) -> None:
         self.optuna = optuna
         self.study = study
+        self.backend = backend
+        """The Optuna storage the study was opened on: trials' user attributes are written through its
+        public API (``set_trial_user_attr``), trials found by number (``get_trial_id_from_study_id_trial_number``)."""
+        self.study_id = backend.get_study_id_from_name(study.study_name)
         self.sweep = sweep
         self.folder = folder
         self.storage = storage
@@ -234,10 +238,11 @@ class SweepStudy:
         optuna = import_optuna(sweep.method)
         folder.mkdir(parents=True, exist_ok=True)
         storage = storage_of(sweep, folder)
+        backend = open_storage(optuna, storage)
         try:
             study = optuna.create_study(
                 study_name=name,
-                storage=open_storage(optuna, storage),
+                storage=backend,
                 sampler=make_sampler(optuna, sweep, 0),
                 pruner=make_pruner(optuna, sweep.pruner),
                 direction=sweep.direction,
@@ -251,7 +256,7 @@ class SweepStudy:
             for point in grid_points(sweep.parameters):
                 study.enqueue_trial(optuna_params(sweep.parameters, point))
         study.set_user_attr(WORKERS_ATTR, 0)
-        return cls(optuna, study, sweep, folder, storage)
+        return cls(optuna, study, sweep, folder, storage, backend)
 
     @classmethod
     def load(cls, sweep: SweepTable, folder: Path, name: str, storage: str) -> SweepStudy:
@@ -261,7 +266,7 @@ class SweepStudy:
             study = optuna.load_study(study_name=name, storage=opened, pruner=make_pruner(optuna, sweep.pruner))
         except KeyError:
             raise RunjobError(f"no study {name!r} in the Optuna storage {redact_text(storage)}") from None
-        return cls(optuna, study, sweep, folder, storage)
+        return cls(optuna, study, sweep, folder, storage, opened)
 
     def join(self) -> int:
         """Count this worker in (under the folder lock) and give it its sampler; its number."""
@@ -287,25 +292,26 @@ class SweepStudy:
                 folder = Path(trial.user_attrs[OUTPUT_DIR_ATTR])
                 lock = FileLock(folder / TRIAL_LOCK)
                 if folder.is_dir() and lock.acquire(blocking=False):
-                    self._mark(trial._trial_id, {WORKER_ATTR: this_worker()})
+                    self.mark(trial.number, {WORKER_ATTR: this_worker()})
                     values = job_values(self.sweep.parameters, trial.params)
                     return Claim(trial.number, values, folder, lock, resumed=True)
         if sum(trial.state != self.states.WAITING for trial in trials) >= self.budget:
             return None
         trial = self.study.ask(self.distributions)
         folder = self.folder / trial_name(trial.number)
-        self._mark(trial._trial_id, {OUTPUT_DIR_ATTR: str(folder.resolve()), WORKER_ATTR: this_worker()})
+        for key, value in {OUTPUT_DIR_ATTR: str(folder.resolve()), WORKER_ATTR: this_worker()}.items():
+            trial.set_user_attr(key, value)
         folder.mkdir(parents=True, exist_ok=True)
         lock = FileLock(folder / TRIAL_LOCK)
         lock.acquire()
         return Claim(trial.number, job_values(self.sweep.parameters, trial.params), folder, lock, resumed=False)
 
-    def _mark(self, trial_id: int, attrs: dict[str, Any]) -> None:
-        for key, value in attrs.items():
-            self.study._storage.set_trial_user_attr(trial_id, key, value)
-
     def mark(self, number: int, attrs: dict[str, Any]) -> None:
-        self._mark(self.study._storage.get_trial_id_from_study_id_trial_number(self.study._study_id, number), attrs)
+        """Set trial ``number``'s user attributes (through the storage's public API: the trial may be
+        another worker's, or finished)."""
+        trial_id = self.backend.get_trial_id_from_study_id_trial_number(self.study_id, number)
+        for key, value in attrs.items():
+            self.backend.set_trial_user_attr(trial_id, key, value)
 
     def tell(self, number: int, value: float | None, state: str) -> None:
         """Record trial ``number``'s end: ``complete`` (with ``value``), ``pruned`` or ``fail``."""

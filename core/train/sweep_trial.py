@@ -79,19 +79,19 @@ class SweepPruning(Callback):
         self.sweep = job.sweep
         self.study_name, self.number, self.storage = study, number, storage
         self.evaluations = 0
-        self._trial: Any = None
+        self._opened: tuple[Any, Any, int] | None = None
 
-    def _optuna_trial(self) -> Any:
-        if self._trial is None:
+    def _opened_trial(self) -> tuple[Any, Any, int]:
+        """The study, its storage and this trial's id there, through Optuna's public API."""
+        if self._opened is None:
             optuna = import_optuna(self.sweep.method)
+            backend = open_storage(optuna, self.storage)
             study = optuna.load_study(
-                study_name=self.study_name,
-                storage=open_storage(optuna, self.storage),
-                pruner=make_pruner(optuna, self.sweep.pruner),
+                study_name=self.study_name, storage=backend, pruner=make_pruner(optuna, self.sweep.pruner)
             )
-            trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, self.number)
-            self._trial = optuna.trial.Trial(study, trial_id)
-        return self._trial
+            study_id = backend.get_study_id_from_name(self.study_name)
+            self._opened = (study, backend, backend.get_trial_id_from_study_id_trial_number(study_id, self.number))
+        return self._opened
 
     def on_evaluation(self, run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
         metric = self.sweep.metric
@@ -100,9 +100,10 @@ class SweepPruning(Callback):
         self.evaluations += 1
         if not run.is_main_process:
             return
-        trial = self._optuna_trial()
-        trial.report(float(metrics[metric]), self.evaluations)
-        if trial.should_prune():
+        study, backend, trial_id = self._opened_trial()
+        # what Trial.report and Trial.should_prune do, through the storage's and the pruner's public API
+        backend.set_trial_intermediate_value(trial_id, self.evaluations, float(metrics[metric]))
+        if study.pruner.prune(study, backend.get_trial(trial_id)):
             run.set_tags({SWEEP_PRUNED_TAG: "true"})
             run.request_stop(
                 f"pruned by the sweep's {self.sweep.pruner.name} pruner at evaluation {self.evaluations} "
