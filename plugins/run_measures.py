@@ -28,8 +28,6 @@ from runjob.tags import (  # the one owner of runjob's tag names, public
     flops_per_tag,
 )
 
-BEST_MODEL = "best"  # the model's name: its folder's, so init_from = "runs:/ID/best" names both
-
 
 class BestWeights(Callback):
     """``best_weights``: keeps ``OUTPUT_DIR/best/model.safetensors``, the weights at the evaluation
@@ -73,7 +71,8 @@ class BestWeights(Callback):
         if run.is_main_process:
             state = {"metric": self.metric, "value": value, "step": step}
             self.record.write_text(json.dumps(state) + "\n", encoding="utf-8")
-            run.add_model(BEST_MODEL, weights, f"{self.metric} {value:.4g} at step {step}")
+            # named as its folder is (RunFolder's best/), so init_from = "runs:/ID/best" names both
+            run.add_model(self.folder.name, weights, f"{self.metric} {value:.4g} at step {step}")
             run.set_tags({BEST_METRIC_TAG: self.metric, BEST_VALUE_TAG: f"{value:.6g}", BEST_STEP_TAG: str(step)})
 
 
