@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -93,6 +94,10 @@ def test_every_message_survives_the_pipe_and_a_wrong_one_names_its_kind():
         messages.decode(json.dumps({"kind": "tags", "tag": {}}))
     with pytest.raises(ValueError, match="no known kind"):
         messages.decode(json.dumps({"metrics": []}))
+    with pytest.raises(ValueError, match=r"^end message: end_time = 'soon': Input should be a valid integer"):
+        messages.decode(json.dumps({"kind": "end", "status": "FINISHED", "end_time": "soon"}))
+    odd = messages.decode(messages.encode(messages.Metrics((messages.Point("train/loss", float("nan"), 1, 2),))))
+    assert math.isnan(odd.points[0].value)  # a NaN loss is recorded as one, not as null
 
 
 def test_a_run_in_a_process_that_imported_mlflow_records_in_its_own_process_when_asked(runjob_tester, monkeypatch):

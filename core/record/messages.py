@@ -3,15 +3,18 @@
 The training side (:mod:`runjob.record.recorder`) sends :data:`Message`\\ s down the pipe; the
 recording side (:mod:`runjob.record.mirror`) answers with :data:`Reply`\\ s. In a thread the objects
 travel as they are; between processes each is one JSON line, ``{"kind": ..., <its fields>}``
-(:func:`encode`, :func:`decode`). A line that does not decode is a bug on one side, and says which
-kind and field.
+(:func:`encode`, :func:`decode`), written and checked by pydantic against the dataclass of its kind.
+A line that does not decode is a bug on one side, and says which kind and field.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
+from functools import cache
 from typing import Any, ClassVar, Literal
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 Recording = Literal["process", "thread"]
 """Where MLflow's half of the record runs: ``process`` (``python -m runjob.record.mirror``, what a
@@ -72,10 +75,6 @@ class Point:
 class Metrics:
     kind: ClassVar[str] = "metrics"
     points: tuple[Point, ...]
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Metrics:
-        return cls(tuple(Point.of(p) for p in data["points"]))
 
 
 @dataclass(frozen=True)
@@ -160,10 +159,6 @@ class ModelWritten:
     notes: tuple[str, ...] = ()
     error: str | None = None
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ModelWritten:
-        return cls(data["folder"], tuple(data["notes"]), data["error"])
-
 
 @dataclass(frozen=True)
 class Ended:
@@ -192,13 +187,26 @@ KINDS: dict[str, Any] = {
 }
 
 
+_CONFIG = ConfigDict(ser_json_inf_nan="constants")  # a NaN or infinite metric stays one, not null
+for _cls in (Point, *KINDS.values()):
+    _cls.__pydantic_config__ = _CONFIG  # type: ignore[attr-defined]
+
+
+@cache
+def _adapter(cls: type) -> TypeAdapter[Any]:
+    return TypeAdapter(cls)
+
+
 def encode(message: Message | Reply) -> str:
-    """``message`` as one JSON line (without its newline)."""
-    return json.dumps({"kind": message.kind, **asdict(message)})
+    """``message`` as one JSON line (without its newline): ``{"kind": ..., <its fields>}``."""
+    body = _adapter(type(message)).dump_json(message).decode()
+    head = '{"kind":' + json.dumps(message.kind)
+    return head + ("}" if body == "{}" else "," + body[1:])
 
 
 def decode(line: str) -> Message | Reply:
-    """The message a line of :func:`encode` holds; a ValueError naming the kind and fields otherwise."""
+    """The message a line of :func:`encode` holds, each field checked against its type; a
+    ValueError naming the kind and fields otherwise."""
     data = json.loads(line)
     if not isinstance(data, dict) or data.get("kind") not in KINDS:
         raise ValueError(f"not a recording message (no known kind): {line[:120]!r}")
@@ -206,5 +214,10 @@ def decode(line: str) -> Message | Reply:
     expected = {f.name for f in fields(cls)}
     if set(data) != expected:
         raise ValueError(f"{cls.kind} message: fields {sorted(data)}, expected {sorted(expected)}")
-    build = getattr(cls, "from_json", None)
-    return build(data) if build is not None else cls(**data)
+    try:
+        message: Message | Reply = _adapter(cls).validate_python(data)
+    except ValidationError as error:
+        problem = error.errors()[0]
+        where = ".".join(str(part) for part in problem["loc"])
+        raise ValueError(f"{cls.kind} message: {where} = {problem.get('input')!r:.80}: {problem['msg']}") from None
+    return message
