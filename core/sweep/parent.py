@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -295,14 +295,16 @@ def save_plots(study: SweepStudy, folder: Path, importances: dict[str, float]) -
         print(f"runjob: note: no plots of the sweep ({error}): pip install matplotlib", file=sys.stderr)
         return []
     saved = []
-    plots = [(HISTORY_PLOT, views.plot_optimization_history)]
+    plots: list[tuple[str, Callable[[Any], Any]]] = [(HISTORY_PLOT, views.plot_optimization_history)]
     if importances:
         plots.append((IMPORTANCES_PLOT, views.plot_param_importances))
     for name, view in plots:
         try:
             with contextlib.redirect_stderr(None), _quiet_warnings():
                 axes = view(study.study)
-            figure = axes.get_figure()
+            figure = axes.get_figure(root=True)  # the Figure itself, not a subfigure
+            if figure is None:
+                raise ValueError("the plot drew no figure")
             figure.set_size_inches(8, 5)
             figure.tight_layout()
             figure.savefig(folder / name, dpi=100)

@@ -129,7 +129,10 @@ def make_sampler(optuna: Any, sweep: SweepTable, worker: int) -> Any:
     seed = sweep.seed + worker
     samplers = optuna.samplers
     if sweep.method == "grid":
-        return samplers.GridSampler({key: choices(spec) for key, spec in sweep.parameters.items()}, seed=seed)
+        grid = {key: choices(spec) for key, spec in sweep.parameters.items() if isinstance(spec, list)}
+        if len(grid) < len(sweep.parameters):  # validate refuses a range in a grid sweep before this
+            raise RunjobError(f"{SWEEP_TABLE}: a grid sweep takes a list of values for every key, not a range")
+        return samplers.GridSampler(grid, seed=seed)
     if sweep.method == "random":
         return samplers.RandomSampler(seed=seed)
     if sweep.method == "tpe":  # constant_liar: running trials count as bad, so workers spread out
@@ -279,7 +282,8 @@ class SweepStudy:
         return list(self.study.get_trials(deepcopy=False))
 
     def stopped(self) -> str | None:
-        return self.study.user_attrs.get(STOPPED_ATTR)
+        stopped = self.study.user_attrs.get(STOPPED_ATTR)
+        return None if stopped is None else str(stopped)
 
     def claim(self) -> Claim | None:
         """Take the next trial: an interrupted one first (resumed in its folder), else a new one
