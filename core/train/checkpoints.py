@@ -9,8 +9,8 @@ Everything is loaded with ``weights_only`` (no arbitrary pickle).
 
 The scheduler's state (``scheduler.pt``) and the callbacks' (``callbacks.pt``, through the run's
 dispatcher and its error policy) are runjob's own files rather than objects handed to
-``Accelerator.register_for_checkpointing``: Accelerate loads those back with ``torch.load(...,
-weights_only=False)`` (``accelerate.checkpointing.load_custom_state``, 1.16), an arbitrary unpickling
+``Accelerator.register_for_checkpointing``: Accelerate loads those back with torch's loader and
+``weights_only=False`` (``accelerate.checkpointing.load_custom_state``, 1.16), an arbitrary unpickling
 of a file in the run's folder, which a run folder someone else wrote must never cause
 (``tests/test_run_is_data.py``).
 """
