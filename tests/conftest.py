@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def digits_folder(tmp_path_factory) -> Path:
     """scikit-learn's digits written as PNGs in train/<digit>/ and val/<digit>/ (the contract layout)."""
-    from runjob.plugins.digits import export_image_folder
+    from runjob_builtins.digits import export_image_folder
 
     root = tmp_path_factory.mktemp("digits") / "digits"
     export_image_folder(root, image_size=32)

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 def write_cifar_batches(root: Path, per_batch: int = 20, seed: int = 0) -> Path:
     """CIFAR-10's python format with random pixels, ``per_batch`` images in each batch file (the
     ``cifar10`` plugin's own writer); the md5 sums are not CIFAR's."""
-    from runjob.plugins.image_datasets import write_cifar10_files
+    from runjob_builtins.image_datasets import write_cifar10_files
 
     return write_cifar10_files(root, per_batch, seed=seed)
 

@@ -12,7 +12,7 @@ import torch
 from helpers import SMALL_DIGITS
 from safetensors.torch import load_file
 
-from runjob.plugins.callbacks import EmaOptions, ExponentialMovingAverage
+from runjob_builtins.callbacks import EmaOptions, ExponentialMovingAverage
 
 pytestmark = pytest.mark.timeout(300)
 

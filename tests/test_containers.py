@@ -208,7 +208,7 @@ def test_dockerfile_installs_this_project_after_copying_its_sources():
     instructions = dockerfile_instructions()
     copies = copy_instructions(instructions)
     copied = {PurePosixPath(source).as_posix().rstrip("/") for sources, _, _ in copies for source in sources}
-    assert {"pyproject.toml", "README.md", "core", "plugins"} <= copied  # README.md: pyproject's readme
+    assert {"pyproject.toml", "README.md", "core", "plugins/runjob_builtins"} <= copied  # README.md: pyproject's readme
     installs = pip_installs(instructions)
     project = [
         (index, targets, options)
@@ -225,7 +225,7 @@ def test_dockerfile_installs_this_project_after_copying_its_sources():
     source_copies = [
         index
         for index, (instruction, arguments) in enumerate(instructions)
-        if instruction == "COPY" and re.search(r"\b(core|plugins)/?\s", arguments + " ")
+        if instruction == "COPY" and re.search(r"\b(core|plugins/runjob_builtins)/?\s", arguments + " ")
     ]
     assert max(source_copies) < max(index for index, _, _ in project)
     # The base image's torch is kept: the dependency install is constrained to it.
@@ -234,14 +234,13 @@ def test_dockerfile_installs_this_project_after_copying_its_sources():
 
 def test_dockerfile_stands_in_an_empty_package_for_every_package_pyproject_lists():
     """The dependency install builds the project from pyproject.toml and one empty ``__init__.py`` per
-    package: setuptools refuses a listed package whose folder is missing (a new subpackage of core/
-    must be added to the Dockerfile's loop too)."""
-    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    roots = setuptools["package-dir"]
-    folders = set()
-    for package in setuptools["packages"]:
-        root = max((r for r in roots if package == r or package.startswith(r + ".")), key=len)
-        folders.add(str(PurePosixPath(roots[root], *package[len(root) :].split(".")[1:])))
+    top-level package setuptools finds (``[tool.setuptools.packages.find]``: each folder in ``where``
+    holds packages whose folders are their import paths; a new top-level package must be added to the
+    Dockerfile's loop too, or the dependency install builds a distribution without it)."""
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    tops = [name for name in find["include"] if "*" not in name]
+    folders = {f"{where}/{name}" for where in find["where"] for name in tops if (REPO / where / name).is_dir()}
+    assert len(folders) == len(tops), (folders, tops)  # each top-level package in exactly one source root
     scripts = [arguments for instruction, arguments in dockerfile_instructions() if instruction == "RUN"]
     loops = [match.group(1).split() for script in scripts for match in re.finditer(r"for package in ([^;]+);", script)]
     assert len(loops) == 1, loops
@@ -337,7 +336,7 @@ def test_the_copied_files_build_the_project(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "runjob/commands/cli.py" in names and "runjob/plugins/torchvision_models.py" in names
+    assert "runjob/commands/cli.py" in names and "runjob_builtins/torchvision_models.py" in names
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     assert "runjob = runjob.commands.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

@@ -266,8 +266,8 @@ def test_a_plugin_export_format(trained):
 def test_flops_are_counted_on_a_real_forward_where_the_meta_device_cannot_run_the_model():
     import torch
 
-    from runjob.plugins.tasks import Classification, ClassificationOptions
     from runjob.train.flops import model_flops_per_unit
+    from runjob_builtins.tasks import Classification, ClassificationOptions
 
     class ReadsValues(torch.nn.Module):
         def __init__(self):

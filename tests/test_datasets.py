@@ -6,8 +6,8 @@ import pytest
 from helpers import write_cifar_batches
 
 from runjob.errors import DataError
-from runjob.plugins.digits import DigitsOptions, build_digits
-from runjob.plugins.image_datasets import CIFAR10Options, build_cifar10
+from runjob_builtins.digits import DigitsOptions, build_digits
+from runjob_builtins.image_datasets import CIFAR10Options, build_cifar10
 
 
 def test_cifar10_reads_python_batches(tmp_path):
@@ -69,7 +69,7 @@ def test_digits_split_is_fixed_and_disjoint():
 
     assert torch.equal(a.val.images, b.val.images) and torch.equal(a.val.labels, b.val.labels)
     assert tuple(a.train.images.shape[1:]) == (3, 32, 32) and a.train.mean == [0.5] * 3
-    from runjob.plugins.digits import split_indices
+    from runjob_builtins.digits import split_indices
 
     train_idx, val_idx = split_indices(1797, 0.2, seed=0)
     assert not set(train_idx.tolist()) & set(val_idx.tolist())
@@ -81,7 +81,7 @@ def test_digits_are_scikit_learns_scans_read_without_importing_it():
     import torch.nn.functional as F
     from sklearn.datasets import load_digits
 
-    from runjob.plugins.digits import digits_tensors
+    from runjob_builtins.digits import digits_tensors
 
     images, labels = digits_tensors(8)
     reference = load_digits()

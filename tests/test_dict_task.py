@@ -220,7 +220,7 @@ def test_export_onnx_of_a_dict_task_names_its_inputs(trained):
 def test_a_task_that_generates_without_the_capability_still_continues_prompts_with_a_warning():
     import runjob
     from runjob.host.task import generates
-    from runjob.plugins.tasks import Regression, RegressionOptions
+    from runjob_builtins.tasks import Regression, RegressionOptions
 
     class OldLanguageModel(runjob.Task):  # written against the release where Task had generate()
         def loss(self, outputs, batch): ...

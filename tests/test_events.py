@@ -81,8 +81,8 @@ def test_callbacks_are_called_in_order_unless_one_declares_it_comes_after_anothe
 
 
 def test_ema_restores_the_training_weights_only_after_best_weights_saved_the_averaged_ones():
-    from runjob.plugins.callbacks import ExponentialMovingAverage
-    from runjob.plugins.run_measures import BestWeights
+    from runjob_builtins.callbacks import ExponentialMovingAverage
+    from runjob_builtins.run_measures import BestWeights
 
     assert "best_weights" in ExponentialMovingAverage.after
     ema, best = object.__new__(ExponentialMovingAverage), object.__new__(BestWeights)

@@ -10,7 +10,8 @@ from helpers import write_cifar_batches
 
 from runjob.errors import DataError
 from runjob.host.components import ImageTensors
-from runjob.plugins.image_datasets import (
+from runjob.train.data_loading import BatchedImages, example_batch
+from runjob_builtins.image_datasets import (
     CIFAR_MEAN,
     CIFAR_STD,
     CIFAR10Options,
@@ -18,7 +19,6 @@ from runjob.plugins.image_datasets import (
     build_cifar10,
     build_imagefolder,
 )
-from runjob.train.data_loading import BatchedImages, example_batch
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -164,7 +164,7 @@ def test_image_tensors_refuse_wrong_shapes():
 def test_fused_and_foreach_reach_torch_and_exclude_each_other(runjob_tester):
     import torch
 
-    from runjob.plugins.optimizers import AdamWOptions, SGDOptions, build_adamw, build_sgd
+    from runjob_builtins.optimizers import AdamWOptions, SGDOptions, build_adamw, build_sgd
 
     params = [torch.nn.Parameter(torch.zeros(3))]
     assert build_sgd(params, SGDOptions(fused=True)).param_groups[0]["fused"] is True

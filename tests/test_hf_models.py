@@ -13,7 +13,8 @@ import textwrap
 import pytest
 
 from runjob.host.task import Task, logits_of, takes_keyword
-from runjob.plugins.tasks import (
+from runjob.testing import evaluate_task
+from runjob_builtins.tasks import (
     Classification,
     ClassificationOptions,
     LanguageModeling,
@@ -21,7 +22,6 @@ from runjob.plugins.tasks import (
     Regression,
     RegressionOptions,
 )
-from runjob.testing import evaluate_task
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -159,7 +159,7 @@ def test_padding_is_not_counted_as_tokens():
 def test_a_model_that_takes_token_ids_positionally_still_gets_them_from_a_padded_batch():
     import torch
 
-    from runjob.plugins.gpt import GPTOptions, build_gpt
+    from runjob_builtins.gpt import GPTOptions, build_gpt
 
     gpt = build_gpt(GPTOptions(context=16, layers=1, width=16, heads=2, vocab_size=VOCABULARY)).eval()
     lm, batch = task(), padded("right")

@@ -52,18 +52,18 @@ def _vocabulary(purpose: str, cache: str):
 def _builtin(name: str) -> Callable[[Path], runjob.Inputs]:
     def make(cache: Path) -> runjob.Inputs:
         if name == "image":
-            from runjob.plugins.image_datasets import ImageFileInputs
+            from runjob_builtins.image_datasets import ImageFileInputs
 
             return ImageFileInputs(8, [0.5] * 3, [0.5] * 3)
         if name == "digits":
-            from runjob.plugins.image_datasets import ImageFileInputs
+            from runjob_builtins.image_datasets import ImageFileInputs
 
             return ImageFileInputs(8, [0.5], [0.5], gray=True)
         if name == "text":
-            from runjob.plugins.text import TextPrompts
+            from runjob_builtins.text import TextPrompts
 
             return TextPrompts()
-        from runjob.plugins.tabular import CSVInputs
+        from runjob_builtins.tabular import CSVInputs
 
         return CSVInputs(["a", "b"], [0.0, 0.0], [1.0, 1.0])
 
@@ -178,12 +178,12 @@ def test_a_folder_keeps_its_files_of_the_right_kind_and_says_each_one_it_skipped
 
 def test_every_builtin_and_runjob_hf_inputs_declares_its_kind_and_is_tested_here():
     modules = [
-        "runjob.plugins.image_datasets",
-        "runjob.plugins.text",
-        "runjob.plugins.tabular",
-        "runjob.plugins.digits",
+        "runjob_builtins.image_datasets",
+        "runjob_builtins.text",
+        "runjob_builtins.tabular",
+        "runjob_builtins.digits",
     ]
-    modules += ["runjob.plugins.segmentation", "runjob_hf.inputs", "runjob_timm"]
+    modules += ["runjob_builtins.segmentation", "runjob_hf.inputs", "runjob_timm"]
     for name in modules:
         try:
             importlib.import_module(name)
@@ -198,7 +198,7 @@ def test_every_builtin_and_runjob_hf_inputs_declares_its_kind_and_is_tested_here
     ours = {
         cls
         for cls in subclasses(runjob.Inputs)
-        if cls.__module__.startswith(("runjob.plugins", "runjob_hf", "runjob_timm")) and not inspect.isabstract(cls)
+        if cls.__module__.startswith(("runjob_builtins", "runjob_hf", "runjob_timm")) and not inspect.isabstract(cls)
     }
     assert {cls.__name__ for cls in ours} == COVERED
     assert all(cls.reads in ("text", "image", "csv") for cls in ours), {cls: cls.reads for cls in ours}

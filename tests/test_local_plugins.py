@@ -262,7 +262,7 @@ def test_a_misspelt_hook_or_a_raising_registration_is_a_failure_named_by_the_plu
 
 SHADOW = """
     import runjob
-    from runjob.plugins import tasks as builtin
+    from runjob_builtins import tasks as builtin
 
     @runjob.hookimpl
     def runjob_register_tasks(register):

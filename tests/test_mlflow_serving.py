@@ -202,7 +202,7 @@ def test_mlflow_scoring_server_answers_as_runjob_predict(runjob_tester, tmp_path
     import torch
     from PIL import Image
 
-    from runjob.plugins.digits import digits_tensors
+    from runjob_builtins.digits import digits_tensors
 
     _write_diabetes(tmp_path / "diabetes.csv")
     _write_diabetes(tmp_path / "new.csv", rows=4)

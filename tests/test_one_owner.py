@@ -12,8 +12,13 @@ from pathlib import Path
 import runjob.tags as tags
 
 ROOT = Path(__file__).resolve().parent.parent
-OWNER = ROOT / "core" / "tags.py"
-SOURCES = [ROOT / "core", ROOT / "plugins", *sorted(ROOT.glob("packages/*/src")), *sorted(ROOT.glob("examples/*/src"))]
+OWNER = ROOT / "core" / "runjob" / "tags.py"
+SOURCES = [
+    ROOT / "core",
+    ROOT / "plugins" / "runjob_builtins",
+    *sorted(ROOT.glob("plugins/*/src")),
+    *sorted(ROOT.glob("examples/*/src")),
+]
 DOTTED = re.compile(r"(?:runjob|mlflow)(?:\.\w+)+")  # a name as runjob spells tags: runjob.sweep.trial
 TOP_LEVEL = re.compile(r"^([A-Z][A-Z0-9_]*)\s*(?::[^=\n]*)?=(?!=)", re.MULTILINE)  # NAME = ..., NAME: T = ...
 
@@ -73,7 +78,7 @@ def test_the_check_finds_a_tag_spelled_anywhere_and_passes_module_paths_over():
 STOPPED = "runjob.stopped"
 tags = {f"runjob.baseline.{name}": 1.0, "mlflow.note.content": "x", "runjob.sweep.trial": "3"}
 help = ("the new run is tagged ", "runjob.rerun_of=RUN_ID.", "a runjob.sweep.trial tag")
-modules = ["runjob.host.components", "runjob.plugins.tabular", "runjob.testing", "runjob.log"]
+modules = ["runjob.host.components", "runjob_builtins.tabular", "runjob.testing", "runjob.log"]
 flops = f"runjob.flops_per_{unit}"
 """
     assert [(line, constant) for line, _, constant in spelled_tags(source)] == [

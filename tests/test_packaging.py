@@ -31,7 +31,7 @@ def wheel(tmp_path_factory):
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for folder in ("core", "plugins"):
+    for folder in ("core", "plugins/runjob_builtins"):
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     pip("wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(work / "dist"), str(source), cwd=work)
     (built,) = (work / "dist").glob("runjob_train-*.whl")
@@ -43,11 +43,11 @@ def test_wheel_holds_the_package_plugins_and_entry_points(wheel):
     assert "runjob/commands/cli.py" in names and "runjob/host/hookspecs.py" in names
     assert "runjob/testing.py" in names  # the public test kit ships with runjob
     assert "runjob/py.typed" in names  # so a type checker reads the plugin API's types
-    assert "runjob/plugins/torchvision_models.py" in names and "runjob/plugins/digits.py" in names
+    assert "runjob_builtins/torchvision_models.py" in names and "runjob_builtins/digits.py" in names
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[console_scripts]\nrunjob = runjob.commands.cli:main" in text
-    assert "[runjob]" in text and "torchvision_models = runjob.plugins.torchvision_models" in text
+    assert "[runjob]" in text and "torchvision_models = runjob_builtins.torchvision_models" in text
 
 
 @pytest.mark.e2e
@@ -55,7 +55,8 @@ def test_installed_wheel_runs_without_the_checkout(wheel, tmp_path):
     target = tmp_path / "site"
     pip("install", "--no-deps", "--target", str(target), str(wheel), cwd=tmp_path)
     code = (
-        "import runjob, runjob.plugins; print(runjob.__file__); from runjob.commands.cli import main; main(['plugins'])"
+        "import runjob, runjob_builtins; print(runjob.__file__); "
+        "from runjob.commands.cli import main; main(['plugins'])"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code],

@@ -91,7 +91,7 @@ def test_plugins_command_lists_plugins_versions_and_failures(runjob_tester):
     )
     result = runjob_tester.cli("plugins")
     assert result.returncode == 0, result.stderr
-    assert "optimizers  (runjob-train 0.1.0, runjob.plugins.optimizers)" in result.stdout
+    assert "optimizers  (runjob-train 0.1.0, runjob_builtins.optimizers)" in result.stdout
     assert "optimizers: sgd, adam, adamw" in result.stdout
     assert "FAILED: brokencli  (fake-broken-cli 9.9): ImportError: needs libfoo" in result.stdout
 
@@ -109,7 +109,7 @@ def test_every_hook_is_documented_with_each_argument():
 def test_builtin_model_names_exist_in_torchvision():
     import torchvision.models
 
-    from runjob.plugins.torchvision_models import OTHERS, RESNETS
+    from runjob_builtins.torchvision_models import OTHERS, RESNETS
 
     available = set(torchvision.models.list_models(module=torchvision.models))
     assert set(RESNETS + OTHERS) <= available
@@ -118,7 +118,7 @@ def test_builtin_model_names_exist_in_torchvision():
 def test_cifar_stem_changes_the_first_layers():
     import torch
 
-    from runjob.plugins.torchvision_models import ResNetOptions, build
+    from runjob_builtins.torchvision_models import ResNetOptions, build
 
     model = build("resnet18", ResNetOptions(num_classes=10, cifar_stem=True))
     assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)

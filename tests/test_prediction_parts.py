@@ -16,7 +16,7 @@ def test_image_inputs_travel_as_data_and_read_bytes_as_predict_reads_files(tmp_p
     import torch
     from PIL import Image
 
-    from runjob.plugins.digits import DigitsOptions, build_digits
+    from runjob_builtins.digits import DigitsOptions, build_digits
 
     splits = build_digits(DigitsOptions(image_size=16))
     pixels = (torch.arange(64, dtype=torch.uint8).reshape(8, 8) * 4).numpy()
@@ -33,7 +33,7 @@ def test_image_inputs_travel_as_data_and_read_bytes_as_predict_reads_files(tmp_p
 def test_csv_inputs_standardize_raw_rows_with_the_training_rows_scale(tmp_path):
     import torch
 
-    from runjob.plugins.tabular import CSVOptions, build_csv
+    from runjob_builtins.tabular import CSVOptions, build_csv
 
     (tmp_path / "t.csv").write_text("a,b,y\n" + "".join(f"{i},{i % 3},{i * 2}\n" for i in range(20)))
     splits = build_csv(CSVOptions(path=str(tmp_path / "t.csv"), target="y"))
@@ -57,7 +57,7 @@ def test_csv_inputs_standardize_raw_rows_with_the_training_rows_scale(tmp_path):
 
 
 def test_text_prompts_are_their_utf8_bytes_and_decode_back(tmp_path):
-    from runjob.plugins.text import TextPrompts
+    from runjob_builtins.text import TextPrompts
 
     prompts = round_trip_inputs(TextPrompts(), tmp_path)
     tokens = prompts.encode({"prompt": "déf"})
@@ -106,11 +106,11 @@ def test_the_predictor_is_kept_as_data_and_declares_the_signature(tmp_path):
 
     from runjob.host.plugin_host import load_plugins
     from runjob.job.validation import Chosen
-    from runjob.plugins.tabular import CSVInputs, CSVOptions, build_csv
-    from runjob.plugins.tasks import Regression, RegressionOptions
     from runjob.record.prediction import load_predictor
     from runjob.train.predictor import save_predictor
     from runjob.train.runner import _facts_of
+    from runjob_builtins.tabular import CSVInputs, CSVOptions, build_csv
+    from runjob_builtins.tasks import Regression, RegressionOptions
 
     (tmp_path / "t.csv").write_text("a,y\n" + "".join(f"{i},{i * 2}\n" for i in range(10)))
     splits = build_csv(CSVOptions(path=str(tmp_path / "t.csv"), target="y"))

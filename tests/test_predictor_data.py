@@ -234,7 +234,7 @@ STATEFUL_PLUGIN = '''
 from pathlib import Path
 
 import runjob
-from runjob.plugins.tasks import Regression, RegressionOptions
+from runjob_builtins.tasks import Regression, RegressionOptions
 
 
 class Vocabulary(runjob.Inputs):
@@ -307,14 +307,14 @@ def _stateful(runjob_tester):
 def _task_table(host, name):
     """The job's ``[task]`` table, as a finished run's job gives it."""
     from runjob.job.validation import Chosen
-    from runjob.plugins.tasks import RegressionOptions
+    from runjob_builtins.tasks import RegressionOptions
 
     return Chosen(host.lookup("task", name), RegressionOptions())
 
 
 def test_a_tasks_state_is_kept_with_to_data_and_handed_back_to_restore(runjob_tester):
-    from runjob.plugins.tasks import Regression, RegressionOptions
     from runjob.record.prediction import Predictor, PredictorError, load_predictor, save_predictor
+    from runjob_builtins.tasks import Regression, RegressionOptions
 
     host = _stateful(runjob_tester)
     import stateful

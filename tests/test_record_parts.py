@@ -46,8 +46,8 @@ def test_job_sources_name_the_file_line_base_override_or_default(tmp_path):
 def test_flops_are_counted_on_a_shapes_only_model():
     import torch
 
-    from runjob.plugins.tasks import Classification, ClassificationOptions, Regression, RegressionOptions
     from runjob.train.flops import meta_model, training_flops_per_unit
+    from runjob_builtins.tasks import Classification, ClassificationOptions, Regression, RegressionOptions
 
     def build():
         return torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))

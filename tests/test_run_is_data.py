@@ -378,11 +378,11 @@ def test_a_resume_reads_its_checkpoint_as_data(trained, tmp_path, capsys):
 
 SOURCE_ROOTS = [
     REPO / "core",
-    REPO / "plugins",
-    *sorted(REPO.glob("packages/*/src")),
+    REPO / "plugins" / "runjob_builtins",
+    *sorted(REPO.glob("plugins/*/src")),
     *sorted(REPO.glob("examples/*/src")),
 ]
-ALLOWED = {("core/record/prediction.py", "_unpickle")}
+ALLOWED = {("core/runjob/record/prediction.py", "_unpickle")}
 """``runjob.record.prediction._unpickle``: reached only with --trust-pickle."""
 UNPICKLERS = ("pickle", "_pickle", "cPickle")
 SAFE_YAML_LOADERS = ("SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader")
@@ -516,7 +516,9 @@ def test_no_source_of_runjob_or_its_plugins_runs_code_a_file_holds():
                 f"{file}:{line} in {function or '<module>'}: {what}"
             )
     assert not found, "calls that may run code a file holds:\n" + "\n".join(found)
-    assert allowed == [f"core/record/prediction.py:{_line_of('pickle.loads')} in _unpickle: pickle.loads"], allowed
+    assert allowed == [f"core/runjob/record/prediction.py:{_line_of('pickle.loads')} in _unpickle: pickle.loads"], (
+        allowed
+    )
     callers = sorted(
         {
             f"{file}:{function}"
@@ -526,11 +528,11 @@ def test_no_source_of_runjob_or_its_plugins_runs_code_a_file_holds():
             )
         }
     )
-    assert callers == ["core/record/prediction.py:_pickled"], "only _pickled, after its --trust-pickle check"
+    assert callers == ["core/runjob/record/prediction.py:_pickled"], "only _pickled, after its --trust-pickle check"
 
 
 def _line_of(text: str) -> int:
-    lines = (REPO / "core/record/prediction.py").read_text().splitlines()
+    lines = (REPO / "core/runjob/record/prediction.py").read_text().splitlines()
     return next(number for number, line in enumerate(lines, 1) if text + "(" in line)
 
 

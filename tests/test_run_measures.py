@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from helpers import SMALL_DIGITS
 
-from runjob.plugins import run_measures
+from runjob_builtins import run_measures
 
 pytestmark = pytest.mark.timeout(300)
 

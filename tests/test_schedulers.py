@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runjob.plugins.schedulers import (
+from runjob_builtins.schedulers import (
     CosineOptions,
     OneCycleOptions,
     StepOptions,

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import runjob
-from runjob.plugins.segmentation import SegmentationOptions, build_segmentation
+from runjob_builtins.segmentation import SegmentationOptions, build_segmentation
 
 
 def make_task(num_classes: int | None = 4, **options) -> runjob.Task:

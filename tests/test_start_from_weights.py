@@ -243,7 +243,7 @@ def torch_home(tmp_path, monkeypatch):
 
 
 def resnet18_options(**values):
-    from runjob.plugins.torchvision_models import ResNetOptions, _options_for
+    from runjob_builtins.torchvision_models import ResNetOptions, _options_for
 
     return _options_for("resnet18", ResNetOptions)(**values)
 
@@ -253,7 +253,7 @@ def test_torchvision_weights_offline_hash_checked_and_a_new_head(torch_home, mon
     import torchvision
 
     from runjob import RunjobError
-    from runjob.plugins.torchvision_models import build
+    from runjob_builtins.torchvision_models import build
 
     entry = torchvision.models.ResNet18_Weights.IMAGENET1K_V1
     # not in the cache, no network: one line naming the file and the folder to place it in

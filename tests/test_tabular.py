@@ -15,7 +15,7 @@ import pytest
 from helpers import REPO
 
 from runjob.errors import DataError
-from runjob.plugins.tabular import CSVOptions, build_csv
+from runjob_builtins.tabular import CSVOptions, build_csv
 
 SMALL = "age,bmi,label,y\n" + "".join(f"{20 + i},{18 + (i * 7) % 11}.5,{'ab'[i % 2]},{i}\n" for i in range(20))
 """20 rows: two numeric features, a text column and a target y holding the row number (0-19)."""
@@ -102,7 +102,7 @@ def test_features_default_to_every_other_column_in_file_order(tmp_path):
 def test_options_are_checked_without_torch_or_numpy(tmp_path):
     path = write_csv(tmp_path, SMALL)
     code = (
-        "import sys; from runjob.plugins.tabular import CSVOptions; "
+        "import sys; from runjob_builtins.tabular import CSVOptions; "
         f"CSVOptions.model_validate({{'path': {str(path)!r}, 'target': 'y', 'features': ['age']}}); "
         "heavy = {'torch', 'numpy'} & set(sys.modules); assert not heavy, heavy"
     )

@@ -158,7 +158,7 @@ def test_the_classification_loss_takes_label_smoothing_and_probabilities():
     import torch
     import torch.nn.functional as F
 
-    from runjob.plugins.tasks import Classification, ClassificationOptions
+    from runjob_builtins.tasks import Classification, ClassificationOptions
 
     logits, labels = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 0, 1])
     smoothed = Classification(ClassificationOptions(label_smoothing=0.2), 4)
@@ -176,7 +176,7 @@ def test_regression_metrics_match_scikit_learn():
     import torch
     from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
 
-    from runjob.plugins.tasks import Regression, RegressionOptions
+    from runjob_builtins.tasks import Regression, RegressionOptions
 
     generator = torch.Generator().manual_seed(0)
     targets = torch.randn(40, 2, generator=generator) * 3 + 5
@@ -199,7 +199,7 @@ def test_language_modeling_reads_windows_pairs_and_tokenizer_dicts():
     import torch
     import torch.nn.functional as F
 
-    from runjob.plugins.tasks import LanguageModeling, LanguageModelingOptions
+    from runjob_builtins.tasks import LanguageModeling, LanguageModelingOptions
 
     task = LanguageModeling(LanguageModelingOptions(), 7)
     tokens = torch.randint(0, 7, (3, 9))

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 from runjob.errors import DataError
-from runjob.plugins.gpt import GPTOptions, build_gpt
-from runjob.plugins.text import TextFilesOptions, build_text_files, stdlib_folder
+from runjob_builtins.gpt import GPTOptions, build_gpt
+from runjob_builtins.text import TextFilesOptions, build_text_files, stdlib_folder
 
 
 def write_corpus(folder, contents: dict[str, bytes]):
@@ -198,7 +198,7 @@ def test_gpt_pickles_by_reference():
 
     model = build_gpt(GPTOptions(context=8, layers=1, width=16, heads=2))
     copy = pickle.loads(pickle.dumps(model))
-    assert type(copy).__module__ == "runjob.plugins.gpt_layers" and type(copy) is type(model)
+    assert type(copy).__module__ == "runjob_builtins.gpt_layers" and type(copy) is type(model)
     tokens = torch.randint(0, 256, (2, 8))
     assert torch.equal(copy(tokens), model(tokens))
     assert copy.head.weight is copy.tokens.weight

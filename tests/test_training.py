@@ -144,7 +144,7 @@ def test_event_hooks_schedule_and_accumulation(tester, monkeypatch):
     assert [e["step"] for e in logs] == [3, 6, 7]
     assert [e["step"] for e in events if e["event"] == "eval"] == [7]
 
-    from runjob.plugins.schedulers import cosine_factor
+    from runjob_builtins.schedulers import cosine_factor
 
     # lr after `step` optimizer steps follows warm-up then cosine over the 7 steps
     for log in logs:

@@ -11,7 +11,7 @@ from helpers import REPO
 
 import runjob
 
-INIT = REPO / "core" / "__init__.py"
+INIT = REPO / "core" / "runjob" / "__init__.py"
 
 
 def _type_checking_imports() -> dict[str, str]:
@@ -38,6 +38,6 @@ def test_lazy_names_resolve_at_run_time():
 
 
 def test_py_typed_ships_in_the_package():
-    assert (REPO / "core" / "py.typed").is_file()
+    assert (REPO / "core" / "runjob" / "py.typed").is_file()
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "py.typed" in config["tool"]["setuptools"]["package-data"]["runjob"]

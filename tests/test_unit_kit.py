@@ -21,7 +21,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def classification(top_k=None):
-    from runjob.plugins.tasks import Classification, ClassificationOptions
+    from runjob_builtins.tasks import Classification, ClassificationOptions
 
     options = ClassificationOptions(top_k=top_k)
     return Classification(options, 4), options

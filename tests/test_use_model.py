@@ -52,7 +52,7 @@ def _write_val_pngs(folder: Path, count: int) -> list[int]:
     import torch
     from PIL import Image
 
-    from runjob.plugins.digits import digits_tensors, split_indices
+    from runjob_builtins.digits import digits_tensors, split_indices
 
     images, labels = digits_tensors(16)
     _, val_idx = split_indices(len(labels), 0.2, 0)
@@ -207,7 +207,7 @@ def test_a_model_the_exporter_cannot_take_is_one_line_and_nothing_is_written(tmp
 def test_csv_inputs_are_standardized_as_the_training_rows(tmp_path):
     import torch
 
-    from runjob.plugins.tabular import CSVOptions, build_csv, split_rows
+    from runjob_builtins.tabular import CSVOptions, build_csv, split_rows
 
     rows = [[i, (i * 7) % 5, i * 0.5 + 1] for i in range(30)]
     data = tmp_path / "table.csv"
@@ -231,8 +231,8 @@ def test_language_model_continues_a_prompt(tmp_path):
     import torch
 
     import runjob
-    from runjob.plugins.tasks import LanguageModeling, LanguageModelingOptions
-    from runjob.plugins.text import TextFilesOptions, build_text_files
+    from runjob_builtins.tasks import LanguageModeling, LanguageModelingOptions
+    from runjob_builtins.text import TextFilesOptions, build_text_files
 
     class NextByte(torch.nn.Module):
         """Logits that make byte b + 1 follow byte b."""
@@ -257,8 +257,8 @@ def test_language_model_continues_a_prompt(tmp_path):
 def test_prediction_columns_of_the_built_in_tasks():
     import torch
 
-    from runjob.plugins.tasks import Classification, ClassificationOptions, Regression, RegressionOptions
     from runjob.record.prediction import columns_of
+    from runjob_builtins.tasks import Classification, ClassificationOptions, Regression, RegressionOptions
 
     logits = torch.tensor([[0.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
     classes = columns_of(Classification(ClassificationOptions(), 3).predict(logits), ["cat", "dog", "emu"])

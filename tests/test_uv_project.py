@@ -71,7 +71,7 @@ def copy_of_runjob(folder: Path) -> None:
         shutil.copy(REPO / name, folder / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", ".pytest_cache")
     # the workspace members too: pyproject names them (the plugin packages as extras' sources)
-    for name in ("core", "plugins", "examples/runjob-tinymlp", "packages/runjob-timm", "packages/runjob-hf"):
+    for name in ("core", "plugins", "examples/runjob-tinymlp"):
         shutil.copytree(REPO / name, folder / name, ignore=ignore)
 
 

@@ -243,7 +243,7 @@ def test_plan_shows_batches_precision_strategy_and_warnings(contract, host):
 
 def test_options_accelerate_refuses_become_one_line_errors():
     from runjob.errors import RunjobError
-    from runjob.plugins.strategies import FSDPOptions, build_fsdp
+    from runjob_builtins.strategies import FSDPOptions, build_fsdp
 
     with pytest.raises(
         RunjobError, match="strategy.name = 'fsdp': Accelerate refused these options: .*sync_module_states"

@@ -1,7 +1,7 @@
 """Built-in dataset ``digits``: scikit-learn's bundled 8x8 scans of handwritten digits (1,797 of
 them, no download), upscaled to 3-channel images so torchvision models take them.
 
-Needs scikit-learn (``pip install 'runjob-train[digits]'``). ``python -m runjob.plugins.digits
+Needs scikit-learn (``pip install 'runjob-train[digits]'``). ``python -m runjob_builtins.digits
 export DIR`` writes the same images as PNG files in ``DIR/train/<digit>/`` and ``DIR/val/<digit>/``
 for the ``imagefolder`` dataset.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from runjob import DatasetSplits, ImageTensors, Options, hookimpl, require_module
-from runjob.plugins.image_datasets import ImageFileInputs
+from runjob_builtins.image_datasets import ImageFileInputs
 
 
 class DigitsOptions(Options):
@@ -111,7 +111,7 @@ def runjob_register_datasets(register):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m runjob.plugins.digits", description="Export the digits scans as a PNG image folder."
+        prog="python -m runjob_builtins.digits", description="Export the digits scans as a PNG image folder."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     export = sub.add_parser("export", help="write DIR/train/<digit>/*.png and DIR/val/<digit>/*.png")

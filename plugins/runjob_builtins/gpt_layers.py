@@ -1,5 +1,5 @@
 """The ``gpt`` model's layers: a decoder-only transformer in plain torch. Imported only when a
-``gpt`` is built (:mod:`runjob.plugins.gpt` declares the options without importing torch); the
+``gpt`` is built (:mod:`runjob_builtins.gpt` declares the options without importing torch); the
 classes live at module level so a pickled model (the MLflow model) loads them by reference."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from runjob.plugins.gpt import GPTOptions
+    from runjob_builtins.gpt import GPTOptions
 
 
 def _init(module: nn.Module) -> None:

@@ -4,7 +4,7 @@ Token and learned position embeddings, ``layers`` pre-LayerNorm blocks (causal s
 through ``scaled_dot_product_attention``, a 4x GELU MLP), a final LayerNorm and an output head
 tied to the token embedding. ``forward(tokens (B, T) int64) -> logits (B, T, vocab_size)``.
 
-The layers live in :mod:`runjob.plugins.gpt_layers` (``GPT``, ``Block``, ``CausalSelfAttention``),
+The layers live in :mod:`runjob_builtins.gpt_layers` (``GPT``, ``Block``, ``CausalSelfAttention``),
 imported when a model is built, so loading plugins does not import torch.
 """
 
@@ -47,7 +47,7 @@ class GPTOptions(Options):
 
 def build_gpt(options: GPTOptions, data: DataFacts | None = None) -> Any:
     """A randomly initialised GPT (GPT-2's initialisation), sized for the data unless the job says."""
-    from runjob.plugins.gpt_layers import GPT
+    from runjob_builtins.gpt_layers import GPT
 
     data = data or DataFacts()
     sizes = {

@@ -48,7 +48,7 @@ LORA = """
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("runjob.plugins.adapters") is None,
+    importlib.util.find_spec("runjob_builtins.adapters") is None,
     reason="runjob has no adapters yet (issue 23, contract 5)",
 )
 def test_lora_on_a_timm_vit(tester, capsys):
