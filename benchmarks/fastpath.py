@@ -242,7 +242,7 @@ WORKERS = {"runjob": worker_runjob, "handwritten": worker_handwritten}
 def write_cifar(root: Path, num_train: int, num_test: int, seed: int = SEED) -> Path:
     """CIFAR-10's python format with random pixels and labels, ``num_train`` training images in all
     (the ``cifar10`` plugin's writer). The md5 sums are not CIFAR's: verify = false."""
-    from runjob.plugins.image_datasets import write_cifar10_files
+    from runjob_builtins.image_datasets import write_cifar10_files
 
     return write_cifar10_files(root, per_batch=-(-num_train // 5), test_count=num_test, seed=seed)
 

@@ -186,8 +186,8 @@ def bench_dataset(args: argparse.Namespace, total: int):
 def lm_parts() -> tuple:
     """The ``lm`` input's data and model for the hand-written loop: the same bytes and the same
     GPT class as runjob's (built through their plugins' factories, not runjob's loop)."""
-    from runjob.plugins.gpt import GPTOptions, build_gpt
-    from runjob.plugins.text import TextFilesOptions, build_text_files
+    from runjob_builtins.gpt import GPTOptions, build_gpt
+    from runjob_builtins.text import TextFilesOptions, build_text_files
 
     splits = build_text_files(TextFilesOptions(**LM_TEXT))
     return splits.train, build_gpt(GPTOptions())
@@ -295,7 +295,7 @@ BASE = "runjob@base"  # runjob's worker under --baseline-python
 
 def make_png_folder(root: Path, image_size: int, needed: int) -> Path:
     """Digits as PNGs (runjob's own export), the training images repeated by hard links to ``needed``."""
-    from runjob.plugins.digits import export_image_folder
+    from runjob_builtins.digits import export_image_folder
 
     source = root / "digits-export"
     export_image_folder(source, image_size=image_size)

@@ -118,11 +118,11 @@ def profile_first_step(job: str, work: Path, env: dict[str, str], plugin_root: P
     subprocess.run(command, cwd=common.REPO, env=env, capture_output=True, text=True, timeout=600)
     stats = pstats.Stats(str(stamp) + ".prof")
     import runjob
-    import runjob.plugins
+    import runjob_builtins
 
     packages = [
         Path(runjob.__file__).parent,
-        Path(runjob.plugins.__file__).parent,
+        Path(runjob_builtins.__file__).parent,
     ]  # runjob's own code, not pandas' or sympy's core/
     rows = []
     for (path, line, function), (_, calls, _, cumulative, _) in stats.stats.items():

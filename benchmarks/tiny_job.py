@@ -109,7 +109,7 @@ def main() -> int:
     runjob = str(Path(sys.executable).parent / "runjob")
     with tempfile.TemporaryDirectory(prefix="runjob-bench-tiny-") as tmp:
         work = Path(tmp)
-        from runjob.plugins.digits import export_image_folder
+        from runjob_builtins.digits import export_image_folder
 
         export_image_folder(work / "data", image_size=32)
         job = work / "tiny.toml"
