@@ -693,7 +693,7 @@ def test_a_parent_recorded_while_the_server_is_down_is_restored_by_sync(tmp_path
 def test_join_finds_the_sweep_by_its_parent_run_or_its_storage_url(tmp_path, monkeypatch):
     """What `--join` accepts besides a folder: the parent run's id (the folder from its tags) or
     the study's storage URL with [sweep] study (the folder from the study)."""
-    from runjob.commands.sweep import _create, _where
+    from runjob.sweep.session import _create, _where
 
     write_job(
         tmp_path / "job.toml",

@@ -1,4 +1,5 @@
-"""``runjob sweep``'s engine: an Optuna study in durable storage (:mod:`.study`), the workers that
-take its trials and run each as ``runjob run`` (:mod:`.worker`, :mod:`.devices`), and the parent
-MLflow run that records the sweep (:mod:`.parent`). Nothing here is imported by ``runjob validate``
-except :mod:`.study`'s plain helpers; Optuna is imported when a sweep starts."""
+"""``runjob sweep``'s room, all of it: the sweep coordinated (:mod:`.session`: created, joined,
+resumed, its end recorded and summed up), its values checked (:mod:`.checks`), the Optuna study in
+durable storage (:mod:`.study`), the workers that take its trials and run each as ``runjob run``
+(:mod:`.worker`, :mod:`.devices`), a trial's own side, its pruner and the outcome it sends back
+(:mod:`.trial`), and the parent MLflow run (:mod:`.parent`). Optuna is imported when a sweep starts."""

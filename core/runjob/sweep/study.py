@@ -22,10 +22,53 @@ from typing import Any
 
 from runjob.errors import RunjobError, describe
 from runjob.job.redaction import redact_text
-from runjob.job.schema import SWEEP_TABLE, SweepRange, SweepTable
+from runjob.job.schema import SWEEP_TABLE, SweepPruner, SweepRange, SweepTable
 from runjob.sweep.sweep_folder import STUDY_FILE, SWEEP_FILE, TRIAL_LOCK, trial_name
 from runjob.tags import OUTPUT_DIR_ATTR, STOPPED_ATTR, WORKER_ATTR, WORKERS_ATTR
-from runjob.train.sweep_trial import import_optuna, is_url, make_pruner, open_storage
+
+# --- Optuna, its storages and pruners (Optuna imported only when a sweep needs it) -------------------
+
+
+def import_optuna(method: str) -> Any:
+    """Optuna, or a RunjobError saying how to install it."""
+    try:
+        import optuna
+    except ImportError:
+        raise RunjobError(
+            f"{SWEEP_TABLE}.method = \"{method}\" needs Optuna: pip install 'runjob-train[sweep]'"
+        ) from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # runjob prints its own line per trial
+    return optuna
+
+
+def is_url(storage: str) -> bool:
+    return "://" in storage
+
+
+def open_storage(optuna: Any, storage: str) -> Any:
+    """Optuna's storage for ``storage``: an RDB storage for a URL, a journal file otherwise."""
+    try:
+        if is_url(storage):
+            return optuna.storages.RDBStorage(storage)
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(storage))
+    except Exception as error:  # noqa: BLE001 - a driver missing, a server down, a bad URL: one line
+        raise RunjobError(
+            f"{SWEEP_TABLE}.storage = {redact_text(storage)!r}: Optuna cannot open it: {describe(error)}"
+        ) from None
+
+
+def make_pruner(optuna: Any, pruner: SweepPruner) -> Any:
+    """Optuna's pruner named ``pruner.name`` with the job's options (``none``: never prunes)."""
+    pruners = optuna.pruners
+    made = {
+        "none": pruners.NopPruner,
+        "median": pruners.MedianPruner,
+        "successive_halving": pruners.SuccessiveHalvingPruner,
+        "hyperband": pruners.HyperbandPruner,
+    }[pruner.name]
+    return made(**pruner.options())
 
 
 class FileLock:

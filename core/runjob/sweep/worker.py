@@ -2,18 +2,19 @@
 in a process of its own (so ``[launch]`` works for trials too), in the trial's folder: forked from
 the worker, which imported the heavy libraries once (:func:`preload`), or a fresh interpreter.
 
-A trial's run gets the worker's devices or thread counts, its values as ``--set`` flags, tags that
-make it a child of the parent run, and ``--resume auto`` when it continues an interrupted trial.
-It dies with its worker (Linux: the parent-death signal is SIGTERM, so it checkpoints first) and
-holds the trial's lock while it lives. SIGINT and SIGTERM are passed on to it; the trial then stays
-RUNNING in the study, interrupted, for the next worker or ``runjob sweep --resume`` to continue.
+A trial's run gets the worker's devices or thread counts, its :class:`~runjob.train.request.TrialContext`
+(its values, its study and number, the parent run: JSON in ``$RUNJOB_SWEEP_TRIAL``), and ``--resume
+auto`` when it continues an interrupted trial; it sends its outcome (its run, its metrics, whether it
+was pruned) back through a pipe (:mod:`runjob.sweep.trial`). It dies with its worker (Linux: the
+parent-death signal is SIGTERM, so it checkpoints first) and holds the trial's lock while it lives.
+SIGINT and SIGTERM are passed on to it; the trial then stays RUNNING in the study, interrupted, for
+the next worker or ``runjob sweep --resume`` to continue.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import math
 import os
 import signal
@@ -24,48 +25,32 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import tomli_w
+from typing import IO, Any
 
 from runjob.errors import RunjobError
 from runjob.record.local import RunRecord, last_values
 from runjob.record.sync import make_whole
 from runjob.sweep.study import Claim, FileLock, SweepStudy, this_worker
 from runjob.sweep.sweep_folder import CONSOLE_FILE, LOCK_FILE
+from runjob.sweep.trial import TrialOutcome, receive
 from runjob.tags import (
     INTERRUPTED_ATTR,
     MESSAGE_ATTR,
-    PARENT_RUN_TAG,
     RUN_ID_ATTR,
     STOPPED_ATTR,
     STOPPED_TAG,
-    SWEEP_DEVICES_TAG,
-    SWEEP_KEYS_TAG,
-    SWEEP_PARENT_TAG,
     SWEEP_PRUNED_TAG,
-    SWEEP_STUDY_TAG,
-    SWEEP_TRIAL_TAG,
     UNSYNCED_ATTR,
     WORKER_ATTR,
 )
 from runjob.train.entry import run_arguments
-from runjob.train.request import Resume
-from runjob.train.sweep_trial import STORAGE_ENVIRONMENT
+from runjob.train.request import TRIAL_ENVIRONMENT, Resume, TrialContext, toml_value
 
 USER_MISTAKE_EXIT = 2  # a trial that exits with this stops the sweep: every other trial would repeat it
 FORK_ENVIRONMENT = "RUNJOB_SWEEP_FORK"  # "0": each trial starts an interpreter of its own instead
 
 
-def toml_value(value: Any) -> str:
-    """``value`` as one line of TOML, as ``--set`` reads it back (``0.01``, ``"ddp"``, ``[0.9, 0.99]``).
-
-    tomli-w writes documents, not values: a table as a document's value would be a ``[v]`` section,
-    so the value goes in an array beside a number, where everything is written inline; with
-    ``indent=0`` its only line breaks are an array's (a string's are escaped), joined here."""
-    document = tomli_w.dumps({"v": [value, 0]}, indent=0)
-    inline = document.removeprefix("v = [\n").removesuffix(",\n0,\n]\n")
-    return inline.replace("[\n", "[").replace(",\n]", "]").replace(",\n", ", ")
+__all__ = ["toml_value"]  # one line of TOML for a value (runjob.train.request's), as the summary shows it
 
 
 def override(key: str, value: Any) -> str:
@@ -85,7 +70,9 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_child(command: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = (), output: Any = None) -> Any:
+def start_child(
+    command: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = (), output: IO[bytes] | None = None
+) -> subprocess.Popen[bytes]:
     """``command`` in a session of its own (a terminal's Ctrl-C reaches it once, through its
     parent), dying with its parent."""
     return subprocess.Popen(
@@ -184,6 +171,10 @@ class ForkedTrial:
         self.send_signal(signal.SIGKILL)
 
 
+Child = subprocess.Popen[bytes] | ForkedTrial
+"""A process a worker started and waits for: a trial, or (``runjob sweep --workers``) a worker."""
+
+
 class Signals:
     """While active, SIGINT and SIGTERM are remembered and passed on to the children started,
     which stop after a checkpoint."""
@@ -271,22 +262,28 @@ class Worker:
                 raise RunjobError(f"sweep {reason} or its setup (above) that every trial would repeat; the sweep stops")
         return self.outcomes
 
-    def _command(self, claim: Claim) -> list[str]:
+    def _context(self, claim: Claim, outcome_fd: int) -> TrialContext:
+        """What the trial's run is given: its values, its study and number, the parent, its GPUs."""
         study = self.study
-        tags = {
-            PARENT_RUN_TAG: self.parent_run_id,
-            SWEEP_PARENT_TAG: self.parent_run_id,
-            SWEEP_TRIAL_TAG: str(claim.number),
-            SWEEP_STUDY_TAG: study.study.study_name,
-            SWEEP_KEYS_TAG: json.dumps(list(study.sweep.parameters)),
-        }
+        sweep = study.sweep
         devices = self.environment.get("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if devices:
-            tags[SWEEP_DEVICES_TAG] = devices  # which GPUs this trial had, readable in mlflow ui
-        sets = [override(key, value) for key, value in claim.values.items()]
+        return TrialContext(
+            study=study.study.study_name,
+            number=claim.number,
+            storage=study.storage,
+            parent_run_id=self.parent_run_id,
+            keys=list(sweep.parameters),
+            values=claim.values,
+            pruner=sweep.pruner.name,
+            devices=devices or None,
+            outcome_fd=outcome_fd,
+        )
+
+    def _arguments(self, claim: Claim) -> list[str]:
+        """``run JOB --output-dir TRIAL_DIR [--resume auto] --set ...``: the sweep's own overrides
+        (the trial's values reach it in its context, as values)."""
         resume = Resume("auto") if claim.resumed else None
-        arguments = run_arguments(self.job_file, [*self.overrides, *sets], claim.output_dir, resume, tags)
-        return [sys.executable, "-m", "runjob", *arguments]
+        return run_arguments(self.job_file, self.overrides, claim.output_dir, resume)
 
     def _run(self, claim: Claim, signals: Signals) -> Outcome:
         study = self.study
@@ -294,23 +291,33 @@ class Worker:
         where = claim.output_dir / CONSOLE_FILE if self.quiet else None
         doing = "resuming" if claim.resumed else "starting"
         print(f"{label}: {doing} in {claim.output_dir}" + (f" (output in {where.name})" if where else ""), flush=True)
-        env = {**os.environ, **self.environment, STORAGE_ENVIRONMENT: study.storage}
         assert claim.lock.fd is not None
-        with open(where, "ab") if where else contextlib.nullcontext() as output:
-            command = self._command(claim)
-            if self.forking and self.command_line is not None:
-                child: Any = ForkedTrial(self.command_line, command[3:], env, output)
-            else:
-                child = start_child(command, env, (claim.lock.fd,), output)
-            signals.watch(child)
-            try:
-                code = child.wait()
-            finally:
-                signals.children.remove(child)
-                if child.poll() is None:  # this worker failed: leave no trial behind
-                    child.kill()
-                    child.wait()
-        outcome = read_outcome(claim, code, signals.signum, study.sweep.metric or "")
+        reading, writing = os.pipe()  # the trial's outcome comes back through it
+        try:
+            context = self._context(claim, writing)
+            env = {**os.environ, **self.environment, TRIAL_ENVIRONMENT: context.to_environment()}
+            with open(where, "ab") if where else contextlib.nullcontext() as output:
+                arguments = self._arguments(claim)
+                if self.forking and self.command_line is not None:
+                    child: Any = ForkedTrial(self.command_line, arguments, env, output)
+                else:
+                    command = [sys.executable, "-m", "runjob", *arguments]
+                    child = start_child(command, env, (claim.lock.fd, writing), output)
+                os.close(writing)
+                writing = -1
+                signals.watch(child)
+                try:
+                    code = child.wait()
+                finally:
+                    signals.children.remove(child)
+                    if child.poll() is None:  # this worker failed: leave no trial behind
+                        child.kill()
+                        child.wait()
+        finally:
+            if writing >= 0:
+                os.close(writing)
+        sent = receive(reading)
+        outcome = read_outcome(claim, code, signals.signum, study.sweep.metric or "", sent)
         if outcome.state != "interrupted":  # (an interrupted trial's run goes on when it is resumed)
             outcome.unsynced = make_whole(claim.output_dir)
         self._record(outcome)
@@ -340,12 +347,16 @@ class Worker:
             study.tell(outcome.number, outcome.value, outcome.state)
 
 
-def read_outcome(claim: Claim, code: int, signum: int | None, metric: str) -> Outcome:
-    """The trial's end from its exit code and its folder: its run id, the last value of ``metric``,
-    whether the pruner stopped it. A trial stopped by this worker's signal is interrupted; one
-    that finished without the metric (or with a non-finite one) failed, saying what it logged."""
-    record = RunRecord.read(claim.output_dir)
-    run_id = record.run_id if record else None
+def read_outcome(claim: Claim, code: int, signum: int | None, metric: str, sent: TrialOutcome | None = None) -> Outcome:
+    """The trial's end from its exit code and what it sent (``sent``: its run id, its metrics,
+    whether the pruner stopped it). A trial stopped by this worker's signal is interrupted; one
+    that finished without the metric (or with a non-finite one) failed, saying what it logged.
+
+    A trial that sent nothing (it failed before its run began, it was killed, or its processes were
+    launched: its run trained elsewhere), or whose metric its run's events did not carry (a
+    callback logged it), is read from its folder: its run's record and ``metrics.jsonl``."""
+    record = RunRecord.read(claim.output_dir) if sent is None or sent.run_id is None else None
+    run_id = sent.run_id if sent is not None and sent.run_id is not None else record.run_id if record else None
     outcome = Outcome(claim.number, claim.values, "fail", run_id=run_id, code=code)
     if signum:
         outcome.state, outcome.message = "interrupted", f"stopped by signal {signum}"
@@ -353,17 +364,22 @@ def read_outcome(claim: Claim, code: int, signum: int | None, metric: str) -> Ou
     if code != 0:
         outcome.message = f"exit code {code}" if code > 0 else f"killed by signal {-code}"
         return outcome
-    logged = last_values(claim.output_dir)
+    logged = dict(sent.metrics) if sent is not None else {}
+    if metric not in logged:
+        logged = {**last_values(claim.output_dir), **logged}
     value = logged.get(metric)
     if value is None:
         outcome.message = f"logged no {metric!r}; it logged: {', '.join(sorted(logged)) or 'nothing'}"
     elif not math.isfinite(value):
         outcome.message = f"{metric} is {value}"
     else:
-        pruned = record is not None and record.tags.get(SWEEP_PRUNED_TAG) == "true"
+        if sent is not None:
+            pruned = sent.pruned
+        else:
+            tags = record.tags if record is not None else {}
+            pruned = tags.get(STOPPED_TAG, "pruned") if tags.get(SWEEP_PRUNED_TAG) == "true" else None
         outcome.state, outcome.value = ("pruned" if pruned else "complete"), float(value)
-        if pruned:
-            outcome.message = record.tags.get(STOPPED_TAG, "pruned") if record else "pruned"
+        outcome.message = pruned or ""
     return outcome
 
 

@@ -1,20 +1,40 @@
 """What one training run is asked to do: :class:`RunRequest`, made once by :func:`runjob.run` from
-its arguments, and :class:`Resume`, whether and from where it continues."""
+its arguments; :class:`Resume`, whether and from where it continues; :class:`TrialContext`, the
+sweep trial it is, when it is one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+import pydantic
 
 from runjob.errors import RunjobError
 from runjob.host.run_folder import RunFolder
 from runjob.record.messages import Recording
+from runjob.tags import (
+    PARENT_RUN_TAG,
+    SWEEP_DEVICES_TAG,
+    SWEEP_KEYS_TAG,
+    SWEEP_PARENT_TAG,
+    SWEEP_STUDY_TAG,
+    SWEEP_TRIAL_TAG,
+)
 from runjob.train.checkpoints import AUTO, AUTO_NEEDS_FOLDER
 
 if TYPE_CHECKING:
+    from runjob.host.callback import Callback
+    from runjob.host.plugin_host import PluginHost
+    from runjob.job.jobfile import RawJob
     from runjob.job.validation import ResolvedJob
+
+TRIAL_ENVIRONMENT = "RUNJOB_SWEEP_TRIAL"
+"""Set by a sweep's worker for the process of one trial (and inherited by the processes a launched
+trial starts): the trial's :class:`TrialContext` as JSON."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,114 @@ class Resume:
         return ["--resume", *(["auto"] if self.mode == "auto" else [str(self.checkpoint)] if self.checkpoint else [])]
 
 
+def toml_value(value: Any) -> str:
+    """``value`` as one line of TOML (``0.01``, ``"ddp"``, ``[0.9, 0.99]``): how a trial's value is
+    shown in its run's record (its name, its overrides tag), as ``--set`` would give it.
+
+    tomli-w writes documents, not values: a table as a document's value would be a ``[v]`` section,
+    so the value goes in an array beside a number, where everything is written inline; with
+    ``indent=0`` its only line breaks are an array's (a string's are escaped), joined here."""
+    import tomli_w
+
+    document = tomli_w.dumps({"v": [value, 0]}, indent=0)
+    inline = document.removeprefix("v = [\n").removesuffix(",\n0,\n]\n")
+    return inline.replace("[\n", "[").replace(",\n]", "]").replace(",\n", ", ")
+
+
+class TrialContext(pydantic.BaseModel):
+    """One trial of a sweep, as its run is given it by the sweep's worker: the study and the trial's
+    number (for its pruner and its tags), the trial's values for the swept job keys (values, set in
+    the job as they are), the parent MLflow run, the GPUs it was given, and where it sends its
+    outcome. It reaches the trial's process as JSON in ``$RUNJOB_SWEEP_TRIAL``, checked here."""
+
+    model_config = pydantic.ConfigDict(frozen=True, extra="forbid", ser_json_inf_nan="constants")
+
+    study: str
+    number: int = pydantic.Field(ge=0)
+    storage: str
+    """The study's Optuna storage (a journal file or a URL, which may hold a password: never recorded)."""
+    parent_run_id: str
+    keys: list[str]
+    """Every swept key, in the ``[sweep]`` table's order."""
+    values: dict[str, Any]
+    """This trial's value of each swept key."""
+    pruner: str = "none"
+    """The sweep's pruner (its name): a trial under one reports each evaluation to it."""
+    devices: str | None = None
+    outcome_fd: int | None = None
+    """The write end of the pipe to the worker: the trial's process sends its outcome there."""
+
+    def tags(self) -> dict[str, str]:
+        """The MLflow tags that make the trial's run a child of the sweep's parent run."""
+        tags = {
+            PARENT_RUN_TAG: self.parent_run_id,
+            SWEEP_PARENT_TAG: self.parent_run_id,
+            SWEEP_TRIAL_TAG: str(self.number),
+            SWEEP_STUDY_TAG: self.study,
+            SWEEP_KEYS_TAG: json.dumps(self.keys),
+        }
+        if self.devices:
+            tags[SWEEP_DEVICES_TAG] = self.devices  # which GPUs this trial had, readable in mlflow ui
+        return tags
+
+    def shown(self) -> list[str]:
+        """The values as ``key=value`` texts, for the record (never read back)."""
+        return [f"{key}={toml_value(value)}" for key, value in self.values.items()]
+
+    def apply(self, raw: RawJob) -> None:
+        """Set each value in ``raw`` (its origin the value shown as a ``--set``), and list the values
+        among ``raw``'s overrides, so the run's name and record show them as they show a ``--set``."""
+        from runjob.job.jobfile import override_origin, split_dotted
+
+        for (key, value), text in zip(self.values.items(), self.shown(), strict=True):
+            origin = override_origin(text)
+            parts = split_dotted(key)
+            table = raw.data
+            for depth, part in enumerate(parts[:-1]):
+                inner = ".".join(parts[: depth + 1])
+                if part not in table:
+                    raw.origins[inner] = origin
+                existing = table.setdefault(part, {})
+                if not isinstance(existing, dict):
+                    raise RunjobError(f"{text}: cannot set a key inside {inner}, which is a value, not a table")
+                table = existing
+            dotted = ".".join(parts)
+            for old in [k for k in raw.origins if k.startswith(dotted + ".")]:
+                del raw.origins[old]
+            table[parts[-1]] = value
+            raw.origins[dotted] = origin
+            raw.overrides.append(text)
+
+    def to_environment(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> TrialContext | None:
+        """The trial this process runs (``$RUNJOB_SWEEP_TRIAL``), None outside a sweep's trial."""
+        text = (os.environ if environ is None else environ).get(TRIAL_ENVIRONMENT)
+        if not text:
+            return None
+        try:
+            return cls.model_validate_json(text)
+        except pydantic.ValidationError as error:
+            raise RunjobError(
+                f"${TRIAL_ENVIRONMENT}: not a sweep trial's context ({error.errors()[0]['msg']})"
+            ) from None
+
+
+def resolve_request_job(
+    job_file: Path, overrides: Sequence[str], trial: TrialContext | None, host: PluginHost
+) -> ResolvedJob:
+    """The job in ``job_file`` with ``overrides`` and, for a sweep trial, the trial's values; checked."""
+    from runjob.job.jobfile import load_job
+    from runjob.job.validation import resolve
+
+    raw = load_job(job_file, list(overrides))
+    if trial is not None:
+        trial.apply(raw)
+    return resolve(raw, host)
+
+
 @dataclass(frozen=True)
 class RunRequest:
     """One training run, as asked: the job, its output folder (chosen once, before anything
@@ -67,6 +195,10 @@ class RunRequest:
     """Where the main process's MLflow recording runs: a process of its own (training never imports
     MLflow) or a thread of the training process (where MLflow is imported anyway: a notebook, a
     test). Always one of the two: :func:`runjob.run` decides once."""
+    trial: TrialContext | None = None
+    """The sweep trial this run is, when it is one (its values are in ``job`` already)."""
+    callbacks: Mapping[str, Callback] = field(default_factory=dict)
+    """Callbacks the asker attaches, after the job's own (a sweep trial's pruner and outcome)."""
 
 
 def output_folder(job_name: str, output_dir: Path | None, resume: Resume, launched: bool = False) -> Path:
