@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from runjob import hookimpl
+from runjob.host.events import Destination, Event, MetricsDestination
 from runjob.host.run_context import Clock, Run
 from runjob.host.run_folder import METRICS_FILE, WEIGHTS_FILE, RunFolder
 
@@ -785,10 +786,6 @@ class FakeRun(Run):
         return f"FakeRun(step={self.step}, epoch={self.epoch}, logs={len(self.logs)}, stop={self.stop_reason!r})"
 
 
-class _StoppedEarly(Exception):  # noqa: N818 - control flow in drive(), as in the loop
-    pass
-
-
 def _per_step(value: Any, what: str, steps: int) -> Callable[[int], Any]:
     """A value a step from a constant, a sequence (item i for step i + 1) or a function of the step."""
     if callable(value):
@@ -798,6 +795,80 @@ def _per_step(value: Any, what: str, steps: int) -> Callable[[int], Any]:
             raise ValueError(f"drive(): {what} has {len(value)} items for {steps} steps: give one a step")
         return lambda step: value[step - 1]
     return lambda step: value
+
+
+class _FakeWork:
+    """The loop's work (:class:`runjob.train.loop.LoopWork`) for :func:`drive`, on the CPU without a
+    model: the losses, learning rates, evaluations and batches the test gave, by step."""
+
+    def __init__(
+        self,
+        run: FakeRun,
+        *,
+        steps_per_epoch: int,
+        losses: Callable[[int], Any],
+        lr: Callable[[int], Any],
+        evaluations: Mapping[int, Mapping[str, float]] | Callable[[int], Mapping[str, float]] | None,
+        batches: Callable[[int], Any] | None,
+        loss_tensors: bool,
+    ) -> None:
+        self.run = run
+        self.batches_per_epoch = steps_per_epoch
+        self.losses, self.lr, self.evaluations, self.batches = losses, lr, evaluations, batches
+        self.loss_tensors = loss_tensors  # on_step gets a 0-dim tensor when a callback listens to it
+        self.unlogged_losses: list[float] = []
+        self.synced = True
+
+    def start_epoch(self, epoch: int, skip: int) -> Iterator[Any]:
+        for _ in range(self.batches_per_epoch - skip):
+            yield self.batches(self.run.step) if self.batches is not None else None  # None: nobody listens
+
+    def train_batch(self, batch: Any, step: int, first: bool) -> tuple[Any, bool]:
+        loss = float(self.losses(step))
+        self.unlogged_losses.append(loss)
+        return (_loss_tensor(loss) if self.loss_tensors else loss), True
+
+    def after_step(self, stepped: bool) -> None:
+        """No scheduler."""
+
+    @property
+    def unlogged(self) -> int:
+        return len(self.unlogged_losses)
+
+    def log_metrics(self) -> dict[str, float]:
+        losses, self.unlogged_losses = self.unlogged_losses, []
+        return {"train/loss": sum(losses) / len(losses), "lr": float(self.lr(self.run.step))}
+
+    def evaluate(self, why: str) -> dict[str, float]:
+        evaluations, step = self.evaluations, self.run.step
+        if evaluations is None:
+            return {}
+        if callable(evaluations):
+            return dict(evaluations(step))
+        if step not in evaluations:
+            raise ValueError(f"drive(): the loop evaluates at step {step} ({why}): evaluations has no metrics for it")
+        return dict(evaluations[step])
+
+    def test(self) -> None:
+        """No test split."""
+
+    def agree(self) -> tuple[int, bool]:
+        return 0, bool(self.run.stop_reason)
+
+    def checkpoint(self, position: Any) -> None:
+        """No checkpoint."""
+
+
+class _EventLog(Destination):
+    """Every event :func:`drive` sends, with the step and epoch then, into ``run.events``."""
+
+    BEFORE = frozenset(Event)
+
+    def __init__(self, run: FakeRun) -> None:
+        self.run = run
+
+    def before(self, event: Event, values: tuple[Any, ...]) -> None:
+        self.run.events.append((event.method, self.run.step, self.run.epoch))
 
 
 def drive(
@@ -814,15 +885,16 @@ def drive(
     batches: Any = None,
 ) -> FakeRun:
     """Drive ``callbacks`` (one :class:`runjob.Callback`, or a dict of them by name, called in its
-    order) through the events of a one-process training run of ``steps`` optimizer steps, in the
-    training loop's order and through its own dispatcher (only overridden events are called; one
-    that raises ends in ``runjob.errors.TrainingError`` naming the callback, event and step), with
-    ``run`` (a :class:`FakeRun`, a new one by default; its ``step`` and ``epoch`` start at 0) as the
-    run context; returns the run, whose record (``logs``, ``history``, ``tags``, ``stop_requests``,
+    order) through the events of a one-process training run of ``steps`` optimizer steps: the
+    training loop itself (``runjob.train.loop.TrainingLoop``, its order and its own dispatcher) with
+    CPU fakes for the model's work (only overridden events are called; one that raises ends in
+    ``runjob.errors.TrainingError`` naming the callback, event and step), with ``run`` (a
+    :class:`FakeRun`, a new one by default; its ``step`` and ``epoch`` start at 0) as the run
+    context; returns the run, whose record (``logs``, ``history``, ``tags``, ``stop_requests``,
     ``events``, ...) says what they did. Where the runner only reports a callback that fails in
     ``on_run_end``, here the error is raised, for the test to see.
 
-    The order, as ``runjob.train.loop`` has it (the keys ``train.log_every``, ``train.eval_every``):
+    The order, as the loop has it (the keys ``train.log_every``, ``train.eval_every``):
     ``on_run_start``; per epoch (``steps_per_epoch``, default all steps in one) ``on_epoch_start``,
     then per step ``on_batch`` (steps done so far) and ``on_step`` (steps done, a 0-dim tensor
     loss), ``on_log`` every ``log_every`` steps and at the end of an epoch when steps are unlogged
@@ -839,8 +911,8 @@ def drive(
     ``on_batch`` gets (a list, one a step, or a function of the steps done); needed when a callback
     listens to ``on_batch``."""
     from runjob.host.callback import Callback
-    from runjob.host.events import Event
     from runjob.host.run_context import dispatcher
+    from runjob.train.loop import LoopSettings, Schedule, TrainingLoop
 
     run = FakeRun() if run is None else run
     run.callbacks = {type(callbacks).__name__: callbacks} if isinstance(callbacks, Callback) else dict(callbacks)
@@ -853,74 +925,24 @@ def drive(
         raise ValueError("drive(): a callback listens to on_batch: give batches= (a list, one a step, or a function)")
     if listens("on_evaluation") and evaluations is None:
         raise ValueError("drive(): a callback listens to on_evaluation: give evaluations= ({step: metrics})")
-    loss_at, lr_at = _per_step(losses, "losses", steps), _per_step(lr, "lr", steps)
-    batch_at = _per_step(batches, "batches", steps) if batches is not None else None
     per_epoch = steps_per_epoch or steps
+    work = _FakeWork(
+        run,
+        steps_per_epoch=per_epoch,
+        losses=_per_step(losses, "losses", steps),
+        lr=_per_step(lr, "lr", steps),
+        evaluations=evaluations,
+        batches=_per_step(batches, "batches", steps) if batches is not None else None,
+        loss_tensors=listens("on_step"),
+    )
     events = dispatcher(run)  # the loop's own dispatcher: order, error policy, what run.log does
-    run.step, run.epoch = 0, 0
-
-    def send(event: str, *args: Any) -> None:
-        run.events.append((event, run.step, run.epoch))
-        events.send(Event(event), *args)
-
-    def metrics_at(step: int, why: str) -> dict[str, float]:
-        if evaluations is None:
-            return {}
-        if callable(evaluations):
-            return dict(evaluations(step))
-        if step not in evaluations:
-            raise ValueError(f"drive(): the loop evaluates at step {step} ({why}): evaluations has no metrics for it")
-        return dict(evaluations[step])
-
-    evaluated_at = -1
-
-    def evaluate(why: str) -> None:
-        nonlocal evaluated_at
-        send("on_evaluation_start", run.step, run.epoch)
-        metrics = metrics_at(run.step, why)
-        evaluated_at = run.step
-        run.logs.append((run.step, dict(metrics)))  # as the loop records the task's metrics
-        send("on_evaluation", run.step, run.epoch, metrics)
-        send("on_evaluation_end", run.step, run.epoch)
-
-    unlogged: list[float] = []
-
-    def log() -> None:
-        metrics = {"train/loss": sum(unlogged) / len(unlogged), "lr": float(lr_at(run.step))}
-        unlogged.clear()
-        send("on_log", run.step, run.epoch, metrics)  # what callbacks log in on_log joins this record line
-        run.logs.append((run.step, dict(metrics)))
-
-    def stop_if_asked() -> None:
-        if run.stop_reason:
-            raise _StoppedEarly
-
-    send("on_run_start")
-    try:
-        for epoch in range(math.ceil(steps / per_epoch)):
-            run.epoch = epoch
-            send("on_epoch_start", run.step, epoch)
-            for _ in range(min(per_epoch, steps - run.step)):
-                send("on_batch", run.step, epoch, batch_at(run.step) if batch_at else None)  # None: nobody listens
-                run.step += 1
-                loss = float(loss_at(run.step))
-                unlogged.append(loss)
-                send("on_step", run.step, epoch, _loss_tensor(loss) if listens("on_step") else loss)
-                if run.step % log_every == 0:
-                    log()
-                if eval_every and run.step % eval_every == 0:
-                    evaluate(f"train.eval_every = {eval_every}")
-                stop_if_asked()
-            if unlogged:
-                log()
-            if evaluated_at != run.step:
-                evaluate(f"the end of epoch {epoch}")
-            send("on_epoch_end", run.step, epoch)
-            stop_if_asked()
-    except _StoppedEarly:
-        if evaluated_at != run.step:
-            evaluate("the run stops early")
-    send("on_train_end", run.step, run.epoch)
+    events.add_destination(_EventLog(run))
+    events.add_destination(MetricsDestination(_FakeRecord(run).log_training_metrics))  # into run.logs
+    schedule = Schedule(math.ceil(steps / per_epoch), per_epoch, steps)
+    settings = LoopSettings(log_every, eval_every, max_steps=steps)
+    loop = TrainingLoop(run, events, run._clock, schedule, work, settings, stop=run._stop, quiet=True)
+    events.send(Event.RUN_START)
+    loop.fit()
     run.events.append(("on_run_end", run.step, run.epoch))
     for listener in events.listeners(Event.RUN_END):  # as the runner ends a run, but a failure is raised
         listener.call(run, "FINISHED", None)

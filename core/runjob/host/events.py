@@ -100,7 +100,7 @@ RUN_START                  built; after a resume, callbacks' state loaded    run
     EVALUATION             its metrics                                        runjob_after_evaluation
     EVALUATION_END         best_weights saves best/ here
   EPOCH_END                then the epoch's checkpoint
-TRAIN_END                  then the test split and the final model.safetensors
+TRAIN_END                  then the final model.safetensors and the outputs recorded, then the test split
 RUN_END                    FINISHED, FAILED or KILLED                         runjob_run_end
 """
 """The loop's order, written once (the README shows it; a test checks both against :class:`Event`).
@@ -131,6 +131,52 @@ def order_callbacks(callbacks: Mapping[str, Callback]) -> list[str]:
         stuck = [name for name in names if name not in ordered]
         raise TrainingError(f"callbacks {', '.join(stuck)} each declare `after` another of them: no order fits")
     return ordered
+
+
+class Destination:
+    """What records the run, as a listener of the dispatcher (as Composer's logger destinations are
+    callbacks): it hears the events in ``BEFORE`` before the callbacks and hooks do, those in
+    ``AFTER`` after them (inside the event: at ``LOG``, what they added to the line is in it), and
+    :meth:`record` the metrics measured outside any event. Its errors are its own (the record's),
+    not a callback's: no error policy wraps them. At ``RUN_END`` it hears the status after every
+    listener (:meth:`Dispatcher.close`, after :meth:`Dispatcher.end`)."""
+
+    BEFORE: frozenset[Event] = frozenset()
+    AFTER: frozenset[Event] = frozenset()
+
+    def before(self, event: Event, values: tuple[Any, ...]) -> None:
+        """``event`` with its ``values`` (``event.arguments``), before its listeners."""
+
+    def after(self, event: Event, values: tuple[Any, ...]) -> None:
+        """``event`` with its ``values``, after its listeners."""
+
+    def record(self, metrics: dict[str, float], step: int) -> None:
+        """Metrics measured outside any event, at ``step``."""
+
+
+class MetricsDestination(Destination):
+    """The loop's metrics into ``sink`` (the run's record, or a test kit's fake run): an
+    evaluation's before its listeners (kept even when one fails), a log line after them (with what
+    they added to it), and the metrics outside any event."""
+
+    BEFORE = frozenset({Event.EVALUATION})
+    AFTER = frozenset({Event.LOG})
+
+    def __init__(self, sink: Callable[[dict[str, float], int], None]) -> None:
+        self.sink = sink
+
+    def before(self, event: Event, values: tuple[Any, ...]) -> None:
+        if event is Event.EVALUATION:
+            step, _, metrics = values
+            self.sink(metrics, step)
+
+    def after(self, event: Event, values: tuple[Any, ...]) -> None:
+        if event is Event.LOG:
+            step, _, metrics = values
+            self.sink(metrics, step)
+
+    def record(self, metrics: dict[str, float], step: int) -> None:
+        self.sink(metrics, step)
 
 
 @dataclass(frozen=True)
@@ -207,6 +253,24 @@ class Dispatcher:
         self.journal = journal
         self.step = step or (lambda: int(getattr(run, "step", 0)))
         self._listeners: dict[Event, list[Listener]] = {}
+        self.destinations: list[Destination] = []
+        self._by_event: dict[Event, tuple[list[Destination], list[Destination]]] = {}
+        """What records the run, hearing the events besides the listeners (:class:`Destination`)."""
+
+    def add_destination(self, destination: Destination) -> None:
+        """Have ``destination`` hear the events it names, after the destinations added before it."""
+        self.destinations.append(destination)
+        self._by_event.clear()
+
+    def _destinations_of(self, event: Event) -> tuple[list[Destination], list[Destination]]:
+        found = self._by_event.get(event)
+        if found is None:
+            found = (
+                [d for d in self.destinations if event in d.BEFORE],
+                [d for d in self.destinations if event in d.AFTER],
+            )
+            self._by_event[event] = found
+        return found
 
     def listeners(self, event: Event) -> list[Listener]:
         """Who hears ``event``, in order: the callbacks that override its method, then the hooks."""
@@ -245,17 +309,42 @@ class Dispatcher:
         ]
 
     def send(self, event: Event, *values: Any) -> None:
-        """Call every listener of ``event`` with ``run`` and ``values`` (``event.arguments``)."""
+        """Call every listener of ``event`` with ``run`` and ``values`` (``event.arguments``), between
+        the destinations that hear it before them and those that hear it after them."""
         listeners = self.listeners(event)
+        before, after = self._destinations_of(event)
         if not listeners:
+            for destination in before:
+                destination.before(event, values)
+            for destination in after:
+                destination.after(event, values)
             return
         joining = values[2] if event is Event.LOG else None
         journal = self.journal
         if journal is None:
-            self._call_all(event, listeners, values)
+            self._heard(event, listeners, values, before, after)
             return
         with journal.within(joining):
-            self._call_all(event, listeners, values)
+            self._heard(event, listeners, values, before, after)
+
+    def _heard(
+        self,
+        event: Event,
+        listeners: Sequence[Listener],
+        values: tuple[Any, ...],
+        before: Sequence[Destination],
+        after: Sequence[Destination],
+    ) -> None:
+        for destination in before:  # not under the error policy: the record's own errors are its own
+            destination.before(event, values)
+        self._call_all(event, listeners, values)
+        for destination in after:
+            destination.after(event, values)
+
+    def record(self, metrics: dict[str, float], step: int) -> None:
+        """Metrics the loop measured outside any event (the test split's), to every destination."""
+        for destination in self.destinations:
+            destination.record(metrics, step)
 
     def _call_all(self, event: Event, listeners: Sequence[Listener], values: tuple[Any, ...]) -> None:
         for listener in listeners:
@@ -308,6 +397,12 @@ class Dispatcher:
             except Exception as failure:  # noqa: BLE001 - said in one line; the outcome stands
                 failures.append(f"{listener.who} failed in {listener.where or 'on_run_end'}: {describe(failure)}")
         return failures
+
+    def close(self, status: str, error: BaseException | None) -> None:
+        """``RUN_END`` to the destinations, once every listener has heard it (:meth:`end`) and its
+        failures are said: the record closes last, with the run's status."""
+        for destination in self._destinations_of(Event.RUN_END)[1]:
+            destination.after(Event.RUN_END, (status, error))
 
 
 def _by_name(implementation: Any) -> Callable[..., None]:

@@ -40,7 +40,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runjob.errors import RunjobError
 from runjob.host.run_folder import RunFolder
@@ -48,13 +48,17 @@ from runjob.record import messages
 from runjob.record.messages import Recording
 from runjob.tags import RETRIED_TAG
 
+if TYPE_CHECKING:
+    from runjob.record.mlflow_writer import Uploader
+
 MODULE = "runjob.record.mirror"
+FINAL_UPLOAD_TIMEOUT_S = 300.0  # the longest the end of a run waits for MLflow
 
 
-_early: subprocess.Popen | None = None  # started by prestart(), waiting for its first message
+_early: subprocess.Popen[str] | None = None  # started by prestart(), waiting for its first message
 
 
-def _spawn() -> subprocess.Popen:
+def _spawn() -> subprocess.Popen[str]:
     # it builds the MLflow model on the CPU (no CUDA context); no progress bars between its files
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
     return subprocess.Popen(
@@ -113,7 +117,7 @@ def _import_setuptools_once() -> None:
     import importlib.util
 
     if importlib.util.find_spec("setuptools") is not None:
-        import setuptools  # noqa: F401
+        import setuptools  # type: ignore[import-untyped]  # noqa: F401 - no type information here
 
 
 class Mirror:
@@ -128,7 +132,7 @@ class Mirror:
         self._arrived = threading.Condition()
         self._gone = False
         self.lost: str | None = None  # why the pipe broke, when it did
-        self._inbox: queue.Queue | None = None
+        self._inbox: queue.Queue[messages.Message] | None = None
         if self.recording == "thread":
             discard_prestarted()  # one started for a process is not needed
             _import_setuptools_once()
@@ -231,7 +235,7 @@ class _Recording:
     def __init__(self, answer: Callable[[messages.Reply], None]) -> None:
         self.reply = answer
         self.writer: Any = None  # the run's mlflow_writer.RunWriter
-        self.uploader: Any = None
+        self.uploader: Uploader[messages.Point] | None = None
         self.output_dir = Path()
         self.start: messages.Start | None = None  # None: another machine's (Join)
         self.host: Any = None
@@ -265,7 +269,10 @@ class _Recording:
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
             self.reply(messages.Refused(f"cannot record the run to MLflow at {uri} (tracking.uri): {describe(error)}"))
             return False
-        from runjob.record.mlflow_writer import Uploader, metric_entities
+        from runjob.record.mlflow_writer import (  # MLflow's client: only where a run is recorded
+            Uploader,
+            metric_entities,
+        )
 
         writer = self.writer
         self.uploader = Uploader(
@@ -293,7 +300,7 @@ class _Recording:
                 self.writer.send_record(self.output_dir, record, catching_up=True)
                 self.caught_up = True
 
-        self.uploader.submit(send, "what the run recorded before it was resumed")
+        self.sending.submit(send, "what the run recorded before it was resumed")
 
     def prewarm(self) -> None:
         """Import what building the MLflow model needs, and load the plugins, in a thread while
@@ -356,13 +363,20 @@ class _Recording:
         given = self.first_metrics.release() if release else self.first_metrics.take(lines)
         return [messages.Point.of(line) for line in given]
 
+    @property
+    def sending(self) -> Uploader[messages.Point]:
+        """The uploader, there from the moment the MLflow run is open."""
+        if self.uploader is None:
+            raise RunjobError("the recording sent to MLflow before its run was open")
+        return self.uploader
+
     def _submit_metrics(self, points: list[messages.Point]) -> None:
         if points:
-            self.uploader.submit_metrics(points, points[-1].step)
+            self.sending.submit_metrics(points, points[-1].step)
 
     def _upload(self, relative: str, artifact_path: str | None) -> None:
         path, writer = self.output_dir / relative, self.writer
-        self.uploader.submit(lambda: writer.artifact(path, artifact_path), f"artifact {relative}")
+        self.sending.submit(lambda: writer.artifact(path, artifact_path), f"artifact {relative}")
 
     def _model(self, request: messages.Model) -> None:
         """Build the MLflow model of the final weights into ``OUTPUT_DIR/mlflow_model`` and upload
@@ -387,8 +401,6 @@ class _Recording:
 
     def finish(self) -> None:
         """Send what is queued; reply ``Ended``."""
-        from runjob.record.recorder import FINAL_UPLOAD_TIMEOUT_S
-
         if self.uploader is None:
             self.reply(messages.Ended(sent=True))
             return
@@ -449,7 +461,7 @@ def _build_model(output_dir: Path, request: messages.Model, host: Any = None, no
     return save_mlflow_model(job, output_dir, example, host, request.prediction, notes)
 
 
-def serve(inbox: queue.Queue, answer: Callable[[messages.Reply], None]) -> None:
+def serve(inbox: queue.Queue[messages.Message], answer: Callable[[messages.Reply], None]) -> None:
     """Record what arrives in ``inbox`` (a ``Start`` or ``Join``, messages, then ``Close``),
     answering through ``answer``."""
     first = inbox.get()
@@ -471,7 +483,7 @@ def main() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     replies = os.fdopen(os.dup(1), "w", encoding="utf-8")  # replies; anything printed goes to stderr
     os.dup2(2, 1)
-    inbox: queue.Queue = queue.Queue()
+    inbox: queue.Queue[messages.Message] = queue.Queue()
 
     def read() -> None:
         for line in sys.stdin:
@@ -482,6 +494,9 @@ def main() -> int:
                 continue
             if isinstance(message, messages.Close):
                 break
+            if isinstance(message, messages.REPLIES):  # a reply sent this way: a bug, said, and the rest read
+                print(f"runjob recording process: a reply where a message was expected: {line[:80]}", file=sys.stderr)
+                continue
             inbox.put(message)
         inbox.put(messages.Close())
 

@@ -26,16 +26,16 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from runjob.errors import TrackingError, describe
-from runjob.host.run_folder import RunFolder
+from runjob.host.run_folder import METRICS_FILE, RunFolder
 from runjob.record import messages
 from runjob.record.invocation import pasteable
-from runjob.record.local import METRICS_FILE, MetricsWriter, RunRecord, now_ms
+from runjob.record.local import MetricsWriter, RunRecord, now_ms
 from runjob.record.messages import Recording
+from runjob.record.mirror import FINAL_UPLOAD_TIMEOUT_S, Mirror
 from runjob.record.mlflow_writer import MODEL_ARTIFACT
 from runjob.record.model_logging import MODEL_FOLDER
 from runjob.tags import ERROR_TAG
 
-FINAL_UPLOAD_TIMEOUT_S = 300.0  # the longest the end of a run waits for MLflow
 Role = Literal["main", "node", "none"]
 
 
@@ -165,8 +165,6 @@ class NodeRecorder(Recorder):
         self.run_id, self.tracking_uri = run_id, tracking_uri
         self._metrics = MetricsWriter(RunFolder(self.output_dir).node_metrics_file(self.machine_rank))
         if run_id and not offline:
-            from runjob.record.mirror import Mirror
-
             self._mirror = Mirror(messages.Join(str(self.output_dir), tracking_uri, run_id), recording)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -270,8 +268,6 @@ class MainRecorder(Recorder):
         self._save()
         if tracking.offline and tracking.log_model == "none":
             return
-        from runjob.record.mirror import Mirror
-
         start = messages.Start(
             output_dir=str(self.output_dir),
             tracking_uri=self.tracking_uri,

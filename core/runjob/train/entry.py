@@ -12,30 +12,23 @@ and Accelerate's process-wide state it found.
 from __future__ import annotations
 
 import json
-import os
-import shlex
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runjob.tags import LOCAL_PLUGINS_TAG, SWEEP_TRIAL_TAG
+from runjob.train.outcome import RunOutcome
+from runjob.train.run_command import resume_command, run_arguments
+
+__all__ = ["SWEEP_TRIAL_TAG", "RunOutcome", "parse_tags", "resume_command", "run", "run_arguments"]
 
 if TYPE_CHECKING:
+    from runjob.host.callback import Callback
     from runjob.host.plugin_host import LocalPlugin, PluginHost
     from runjob.job.validation import ResolvedJob
-    from runjob.train.request import Recording, Resume
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    """How a run ended: the exit code ``runjob run`` would give, its output folder and MLflow run
-    id (``None`` when it recorded offline, or when workers ran it and recorded nothing)."""
-
-    exit_code: int
-    output_dir: Path | None
-    run_id: str | None = None
+    from runjob.record.messages import Recording
+    from runjob.train.request import Resume, TrialContext
 
 
 def run(
@@ -51,6 +44,8 @@ def run(
     disabled_plugins: Mapping[str, str] | None = None,
     recording: Recording | None = None,
     plugins: Sequence[Any] = (),
+    trial: TrialContext | None = None,
+    callbacks: Mapping[str, Callback] | None = None,
 ) -> RunOutcome:
     """Train the job in ``job_file`` with ``overrides`` (``"table.key=value"`` texts, applied in
     order); see the module docstring.
@@ -69,6 +64,8 @@ def run(
     every process of the run loads too, or any object with ``@runjob.hookimpl`` methods (a
     notebook's class instance), which only this process has: the run records in a thread, and a job
     of several processes is refused. One that cannot be imported raises :class:`runjob.RunjobError`.
+    ``trial``: the sweep trial this run is (its values set in the job, its tags added); ``callbacks``:
+    callbacks for this run besides the job's own (a sweep trial's, :mod:`runjob.sweep.trial`).
     """
     from runjob.host.plugin_host import local_plugins, using_local_plugins
 
@@ -86,6 +83,8 @@ def run(
             disabled_plugins=disabled_plugins,
             recording=recording,
             local=local,
+            trial=trial,
+            callbacks=callbacks,
         )
 
 
@@ -102,31 +101,32 @@ def _run(
     disabled_plugins: Mapping[str, str] | None,
     recording: Recording | None,
     local: Sequence[LocalPlugin],
+    trial: TrialContext | None = None,
+    callbacks: Mapping[str, Callback] | None = None,
 ) -> RunOutcome:
     """:func:`run`, its ``local`` plugins imported and in place."""
     from runjob.host.plugin_host import disabled_plugins as default_disabled
     from runjob.host.plugin_host import load_plugins
     from runjob.job.schema import sweep_note
-    from runjob.job.validation import load_resolved
     from runjob.record.local import run_id_in
     from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
-    from runjob.train.request import Resume, RunRequest, output_folder
+    from runjob.train.request import Resume, RunRequest, output_folder, resolve_request_job
 
     job_file = Path(job_file)
     disabled = dict(default_disabled() if disabled_plugins is None else disabled_plugins)
-    tags = dict(tags or {})
+    tags = {**(trial.tags() if trial is not None else {}), **(tags or {})}
     if local:  # as the main process was given them (a worker gets this tag from it)
         tags.setdefault(LOCAL_PLUGINS_TAG, json.dumps([plugin.record() for plugin in local]))
     host = host or load_plugins(disabled)
     adopt_slurm_environment()
-    job = job or load_resolved(job_file, list(overrides), host)
+    job = job or resolve_request_job(job_file, overrides, trial, host)  # a trial's values set as values
     recording = _in_process_only(job, local, recording)
     asked = Resume.parse(resume, job.train.resume)
     worker = is_worker()
     folder = output_folder(job.job.name, Path(output_dir) if output_dir is not None else None, asked, worker)
     from runjob.record.mirror import choose
 
-    request = RunRequest(job, folder, asked, tags, tracking_uri, disabled, choose(recording))
+    request = RunRequest(job, folder, asked, tags, tracking_uri, disabled, choose(recording), trial, callbacks or {})
     launch = job.launch
     if worker:
         check_launched_as_asked(launch)
@@ -196,70 +196,6 @@ def first_line(job: ResolvedJob, output_dir: Path, resume: Resume) -> str:
     else:
         where = f"resuming in {output_dir}" if resume else f"output in {output_dir}"
     return f"runjob: {job.job.name}: {job.model.name} on {job.dataset.name} ({job.task.name}), {length}; {where}"
-
-
-def run_arguments(
-    job_file: Path,
-    overrides: Sequence[str] = (),
-    output_dir: Path | None = None,
-    resume: Resume | None = None,
-    tags: Mapping[str, str] | None = None,
-    tracking_uri: str | None = None,
-    disabled_plugins: Mapping[str, str] | None = None,
-    plugins: Sequence[LocalPlugin] | None = None,
-) -> list[str]:
-    """``run JOB --output-dir ... --set ... --tag ...``: the arguments of ``runjob`` that make a
-    process of its own call :func:`run` with these values (launched workers, sweep trials); the
-    local ``plugins`` (default ``$RUNJOB_PLUGINS``) as ``-p`` that loads them from any folder."""
-    from runjob.host.plugin_host import local_plugin_arguments
-
-    arguments = ["run", str(job_file)]
-    if output_dir is not None:
-        arguments += ["--output-dir", str(output_dir)]
-    if resume:
-        arguments += resume.argument
-    arguments += [part for name in disabled_plugins or {} for part in ("--disable-plugin", name)]
-    arguments += local_plugin_arguments(plugins)
-    arguments += [part for override in overrides for part in ("--set", override)]
-    arguments += [part for key, value in (tags or {}).items() for part in ("--tag", f"{key}={value}")]
-    if tracking_uri:
-        arguments += ["--tracking-uri", tracking_uri]
-    return arguments
-
-
-def resume_command(
-    job_file: str | Path,
-    overrides: Sequence[str],
-    output_dir: Path,
-    tracking_uri: str | None = None,
-    *,
-    afresh: bool = False,
-    redacted: bool = False,
-    disabled: Iterable[str] | None = None,
-    plugins: Sequence[LocalPlugin] | None = None,
-) -> str:
-    """The ``runjob`` command, started as this process was (``uv run runjob``, ``python -m
-    runjob``...: :mod:`runjob.record.invocation`) and quoted to be pasted into a shell, that
-    continues the run in ``output_dir`` from its newest complete checkpoint, with the run's ``--set`` overrides, its
-    ``--tracking-uri`` and the plugins it left out. ``afresh``: there is no checkpoint, so
-    ``--resume auto``, which starts the run again in that folder (the attempt kept aside).
-    ``redacted``: secrets hidden, for the record (then it cannot be pasted as it is). ``disabled``:
-    the plugins the run left out (default ``$RUNJOB_DISABLE_PLUGINS``); ``plugins``: its local
-    plugins, as ``-p`` that loads them from any folder (default ``$RUNJOB_PLUGINS``)."""
-    from runjob.host.plugin_host import DISABLE_ENVIRONMENT, local_plugin_arguments
-    from runjob.job.redaction import redact_override, redact_text
-    from runjob.record.invocation import command_prefix
-
-    start = [redact_text(word) if redacted else word for word in command_prefix()]  # uv run runjob, python -m runjob
-    words = [*start, str(job_file), "--output-dir", str(output_dir), "--resume", *(["auto"] if afresh else [])]
-    words += [part for override in overrides for part in ("--set", redact_override(override) if redacted else override)]
-    if tracking_uri:
-        words += ["--tracking-uri", redact_text(tracking_uri) if redacted else tracking_uri]
-    if disabled is None:
-        disabled = [name for name in os.environ.get(DISABLE_ENVIRONMENT, "").split(",") if name.strip()]
-    words += [part for name in disabled for part in ("--disable-plugin", name.strip())]
-    words += local_plugin_arguments(plugins)
-    return shlex.join(words)
 
 
 def parse_tags(texts: Sequence[str]) -> dict[str, Any]:

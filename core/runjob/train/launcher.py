@@ -68,7 +68,7 @@ def check_launched_as_asked(launch: Any) -> None:
 
 def torchrun_arguments(launch: Any, run_arguments: list[str]) -> list[str]:
     """The ``torch.distributed.run`` command line that starts this machine's workers, each running
-    ``python -m runjob`` with ``run_arguments`` (see :func:`runjob.train.entry.run_arguments`)."""
+    ``python -m runjob`` with ``run_arguments`` (see :func:`runjob.train.run_command.run_arguments`)."""
     arguments = [
         "--nnodes",
         str(launch.num_machines),
@@ -112,7 +112,7 @@ def launch_workers(
     A stop signal sent to this process (SIGTERM from a scheduler, Ctrl-C, SIGHUP, ``stop_signal``) reaches
     the workers through torchrun, which gives them time to write a checkpoint; the exit code is then
     128 + signal, and the last lines say the newest checkpoint and how to go on (``going_on``: the
-    job file, overrides and tracking URI for :func:`runjob.train.entry.resume_command`).
+    job file, overrides and tracking URI for :func:`runjob.train.run_command.resume_command`).
     Only a new Ctrl-C (:mod:`runjob.train.stopping`) is passed on again, to stop the workers at once,
     and this process waits for them. torchrun's own handler ends its wait at each repeated signal:
     the copy ``uv run`` passes on turned a Ctrl-C into a second shutdown with SIGTERM, and a second
@@ -149,7 +149,7 @@ def launch_workers(
         with environment(settings), listener, LibraryLog("launcher") as log:
             if output_dir is not None:  # torchrun's log records (its OMP_NUM_THREADS banner) go to runjob.log
                 log.open_in(output_dir)
-            run(parse_args(arguments))
+            run(parse_args(arguments))  # type: ignore[no-untyped-call]  # torchrun's own code has no annotations
     except SignalException as stopped:
         _say_stopped(stopped.sigval, listener.again, output_dir, going_on)
         return 128 + int(stopped.sigval)
@@ -183,7 +183,7 @@ def _say_stopped(
     sigval: signal.Signals, at_once: bool, output_dir: Path | None, going_on: tuple[Any, ...] | None
 ) -> None:
     from runjob.train.checkpoints import complete_checkpoints
-    from runjob.train.entry import resume_command
+    from runjob.train.run_command import resume_command
 
     how = (
         "at once by a second Ctrl-C" if at_once else f"by {sigval.name}; the workers were asked to checkpoint and stop"

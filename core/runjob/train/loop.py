@@ -10,14 +10,22 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from runjob.errors import Terminated, TrainingError, first_line
 from runjob.host.events import Dispatcher, Event
-from runjob.host.run_context import Clock, RecordSink, Run, StopFlag
+from runjob.host.run_context import Clock, Run, StopFlag
 from runjob.train.checkpoints import Position, save_checkpoint
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+    from tqdm.auto import tqdm
+
+    from runjob.job.schema import TrainTable
 
 
 @dataclass
@@ -228,7 +236,7 @@ class StopRequest(StopFlag):
     can agree: for a signal after writing a checkpoint (the run is KILLED and can resume), for a
     callback's request cleanly (the run finishes)."""
 
-    def agreed(self, accelerator: Any) -> tuple[int, bool]:
+    def agreed(self, accelerator: Accelerator) -> tuple[int, bool]:
         """The signal to stop for, and whether a callback asked to stop, agreed by all processes (a
         collective when there are several)."""
         if accelerator.num_processes == 1:
@@ -248,13 +256,185 @@ class StoppedEarly(Exception):  # noqa: N818 - a control-flow signal inside the 
     """A callback asked to stop and every process agreed."""
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """The keys of ``[train]`` the loop's order reads."""
+
+    log_every: int
+    eval_every: int | None = None
+    checkpoint_every: int | None = None
+    max_steps: int | None = None
+    gradient_accumulation_steps: int = 1
+    channels_last: bool = False
+
+    @classmethod
+    def of(cls, train: TrainTable) -> LoopSettings:
+        return cls(
+            train.log_every,
+            train.eval_every,
+            train.checkpoint_every,
+            train.max_steps,
+            train.gradient_accumulation_steps,
+            train.channels_last,
+        )
+
+
+class LoopWork(Protocol):
+    """What the loop's order asks the device to do; :class:`AccelerateWork` does it for a run, the
+    test kit's ``drive`` with CPU fakes."""
+
+    @property
+    def batches_per_epoch(self) -> int: ...
+
+    def start_epoch(self, epoch: int, skip: int) -> Iterable[Any]:
+        """The epoch's batches, after ``skip`` of them; the model set to train, the loss sum to zero."""
+        ...
+
+    def train_batch(self, batch: Any, step: int, first: bool) -> tuple[Any, bool]:
+        """Forward and backward of one micro-batch, and the optimizer step when gradients are synced
+        (towards optimizer step ``step``; ``first``: the run's first batch); the detached loss and
+        whether the optimizer stepped."""
+        ...
+
+    @property
+    def synced(self) -> bool:
+        """Whether the last micro-batch ended an optimizer step (gradient accumulation)."""
+        ...
+
+    def after_step(self, stepped: bool) -> None:
+        """Once an optimizer step is done (the scheduler's step)."""
+        ...
+
+    @property
+    def unlogged(self) -> int:
+        """Micro-batches since the last log line."""
+        ...
+
+    def log_metrics(self) -> dict[str, float]:
+        """The mean loss since the last log line, the learning rate...; the sum starts again."""
+        ...
+
+    def evaluate(self, why: str) -> dict[str, float]:
+        """The validation split's metrics (``why``: what made the loop evaluate now)."""
+        ...
+
+    def test(self) -> dict[str, float] | None:
+        """The test split's metrics, or None without one."""
+        ...
+
+    def agree(self) -> tuple[int, bool]:
+        """The stop signal and whether a callback asked to stop, agreed by every process."""
+        ...
+
+    def checkpoint(self, position: Position) -> Path | None:
+        """Write a checkpoint at ``position``; its folder."""
+        ...
+
+
+class AccelerateWork:
+    """The loop's work for a run: the task's loss, ``accelerator.backward``, clipping, the optimizer
+    and scheduler, evaluation, checkpoints, on every process of ``run``."""
+
+    def __init__(self, run: Run, stop: StopRequest) -> None:
+        self.run = run
+        self.stop = stop
+        self.train = run.job.train
+        self.nonfinite = NonFiniteGuard(self.train.on_nonfinite, run.accelerator.device)
+        self.saved_with = {"mlflow_run_id": run.mlflow_run_id, "job": run.job.to_dict()}  # in every checkpoint
+        self.loss_sum: torch.Tensor | None = None
+        self.micro_batches = 0
+        self.events: Dispatcher | None = None  # the run's dispatcher, for the callbacks' states in a checkpoint
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.run.train_loader)
+
+    def start_epoch(self, epoch: int, skip: int) -> Iterable[Any]:
+        import torch
+
+        loader = self.run.train_loader
+        loader.set_epoch(epoch)  # the sampler's order depends on the seed and the epoch alone
+        if skip:
+            loader = self.run.accelerator.skip_first_batches(loader, skip)
+            loader.set_epoch(epoch)
+        self.run.model.train()
+        self.loss_sum = torch.zeros((), device=self.run.accelerator.device)
+        self.micro_batches = 0
+        return loader  # type: ignore[no-any-return]
+
+    def train_batch(self, batch: Any, step: int, first: bool) -> tuple[Any, bool]:
+        import torch
+
+        run, train = self.run, self.train
+        accelerator, model, optimizer, task = run.accelerator, run.model, run.optimizer, run.task
+        with accelerator.accumulate(model):
+            loss = first_loss(run, batch) if first else task.loss(task.forward(model, batch), batch)
+            accelerator.backward(loss)
+            stepped = True
+            if accelerator.sync_gradients:
+                norm = None
+                if train.max_grad_norm is not None:
+                    norm = accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
+                elif train.on_nonfinite == "skip":
+                    norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+                stepped = self.nonfinite.allows_step(step, loss, norm)
+            if stepped:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        assert self.loss_sum is not None
+        self.loss_sum += loss.detach()
+        self.micro_batches += 1
+        return loss.detach(), stepped
+
+    @property
+    def synced(self) -> bool:
+        return bool(self.run.accelerator.sync_gradients)
+
+    def after_step(self, stepped: bool) -> None:
+        scheduler = self.run.scheduler
+        if scheduler is not None and stepped and not self.run.accelerator.optimizer_step_was_skipped:
+            scheduler.step()
+
+    @property
+    def unlogged(self) -> int:
+        return self.micro_batches
+
+    def log_metrics(self) -> dict[str, float]:
+        run, accelerator = self.run, self.run.accelerator
+        assert self.loss_sum is not None
+        self.nonfinite.stop_if_seen(accelerator, run)
+        metrics = {
+            "train/loss": accelerator.reduce(self.loss_sum / self.micro_batches, reduction="mean").item(),
+            "lr": float(run.optimizer.param_groups[0]["lr"]),
+        }
+        if self.train.on_nonfinite == "skip":
+            metrics["train/nonfinite_skipped"] = float(self.nonfinite.skipped)
+        self.loss_sum.zero_()
+        self.micro_batches = 0
+        return metrics
+
+    def evaluate(self, why: str) -> dict[str, float]:
+        return evaluate(self.run, self.run.val_loader)
+
+    def test(self) -> dict[str, float] | None:
+        return evaluate(self.run, self.run.test_loader, "test") if self.run.test_loader is not None else None
+
+    def agree(self) -> tuple[int, bool]:
+        return self.stop.agreed(self.run.accelerator)
+
+    def checkpoint(self, position: Position) -> Path:
+        return save_checkpoint(self.run, position, self.train.keep_checkpoints, self.saved_with, self.events)
+
+
 class TrainingLoop:
-    """Runs the schedule from ``start``: ``run.task`` turns each batch into a loss and each
-    evaluation into metrics; metrics go into ``record``; every event goes through ``events``, the
-    run's one dispatcher (the callbacks, runjob's own features among them, then the plugins' global
-    hooks: :mod:`runjob.host.events`); checkpoints are written every ``train.checkpoint_every``
-    steps and at each epoch's end, and ``stop`` is honoured where the processes agree. The loop
-    alone moves ``clock``, the position the run shows (``run.step``, ``run.epoch``)."""
+    """The loop's order, written once: runs ``schedule`` from ``start``, ``work`` doing each step
+    (:class:`AccelerateWork` for a run; CPU fakes in the test kit's ``drive``); every event goes
+    through ``events``, the run's one dispatcher (the callbacks, runjob's own features among them,
+    then the plugins' global hooks, and the run's record as a destination:
+    :mod:`runjob.host.events`); checkpoints are written every ``checkpoint_every`` steps and at each
+    epoch's end, and a stop is honoured where the processes agree. ``clock`` is the one step
+    counter: the loop alone moves it, and the run shows it (``run.step``, ``run.epoch``).
+    ``quiet``: no progress bar or lines (the test kit)."""
 
     def __init__(
         self,
@@ -262,34 +442,43 @@ class TrainingLoop:
         events: Dispatcher,
         clock: Clock,
         schedule: Schedule,
+        work: LoopWork,
+        settings: LoopSettings,
         *,
-        record: RecordSink | None = None,
+        stop: StopFlag,
         start: Position | None = None,
-        stop: StopRequest,
+        quiet: bool = False,
     ) -> None:
         self.run = run
         self.events = events
         self.clock = clock
-        self.recorder = record
         self.schedule = schedule
-        self.start = start or Position()
-        self.step = self.start.step
+        self.work = work
+        self.settings = settings
         self.stop = stop
-        self.saved_with = {"mlflow_run_id": run.mlflow_run_id, "job": run.job.to_dict()}  # in every checkpoint
-        self.nonfinite = NonFiniteGuard(run.job.train.on_nonfinite, run.accelerator.device)
+        self.start = start or Position()
+        self.quiet = quiet
         self.last_metrics: dict[str, float] = {}
         self.batches_done = 0
         self.evaluated_at = -1  # the step of the last evaluation: the epoch's end doesn't repeat it
-        self.epoch = self.start.epoch
         self.stopped = ""  # why a callback stopped training early, when one did
-        clock.step, clock.epoch = self.step, self.epoch
+        clock.step, clock.epoch = self.start.step, self.start.epoch
 
-    def record(self, metrics: dict[str, float], step: int) -> None:
-        if self.recorder is not None:
-            self.recorder.log_training_metrics(metrics, step)
+    @property
+    def step(self) -> int:
+        """Optimizer steps done: the clock's."""
+        return self.clock.step
 
-    def checkpoint(self, position: Position) -> Path:
-        return save_checkpoint(self.run, position, self.run.job.train.keep_checkpoints, self.saved_with, self.events)
+    @property
+    def epoch(self) -> int:
+        return self.clock.epoch
+
+    def _say(self, line: str) -> None:
+        if self.run.accelerator.is_main_process and not self.quiet:
+            print(line)
+
+    def checkpoint(self, position: Position) -> Path | None:
+        return self.work.checkpoint(position)
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""
@@ -312,47 +501,44 @@ class TrainingLoop:
             self._epochs()
         except StoppedEarly:
             self.stopped = self.stop.reason or "stopped by a callback"
-            if self.run.accelerator.is_main_process:
-                print(f"runjob: stopping at step {self.step}: {self.stopped}")
+            self._say(f"runjob: stopping at step {self.step}: {self.stopped}")
             if self.evaluated_at != self.step:
-                self._evaluate(self.epoch)
+                self._evaluate(self.epoch, "the run stops early")
         self.events.send(Event.TRAIN_END, self.step, self.epoch)
         self.last_metrics.update(self.run.logged)
-        if self.run.test_loader is not None:
-            test_metrics = evaluate(self.run, self.run.test_loader, "test")
-            self.record(test_metrics, self.step)
+        test_metrics = self.work.test()
+        if test_metrics is not None:
+            self.events.record(test_metrics, self.step)
             self.last_metrics.update(test_metrics)
-            if self.run.accelerator.is_main_process:
-                print(f"test  step {self.step}  " + "  ".join(f"{k} {v:.4g}" for k, v in test_metrics.items()))
+            self._say(f"test  step {self.step}  " + "  ".join(f"{k} {v:.4g}" for k, v in test_metrics.items()))
         return self.last_metrics
 
     def _epochs(self) -> None:
-        job = self.run.job
+        settings = self.settings
         for epoch in range(self.start.epoch, self.schedule.epochs):
-            if job.train.max_steps is not None and self.step >= job.train.max_steps:
+            if settings.max_steps is not None and self.step >= settings.max_steps:
                 break
             started = time.perf_counter()
             skip = self.start.batches_done if epoch == self.start.epoch else 0
-            self.epoch = self.clock.epoch = epoch
+            self.clock.epoch = epoch
             self.events.send(Event.EPOCH_START, self.step, epoch)
             train_metrics = self._train_epoch(epoch, skip)
             self.last_metrics.update(train_metrics)
             if self.evaluated_at != self.step:
-                self._evaluate(epoch)
+                self._evaluate(epoch, f"the end of epoch {epoch}")
             self.events.send(Event.EPOCH_END, self.step, epoch)
             self._summary(epoch, time.perf_counter() - started)
             # train.max_steps may end the run inside an epoch: a resume with more steps goes on from there
-            whole = self.batches_done >= len(self.run.train_loader)
+            whole = self.batches_done >= self.work.batches_per_epoch
             finished = Position(self.step, epoch + 1, 0) if whole else Position(self.step, epoch, self.batches_done)
             self._stop_if_asked(finished)
             self.checkpoint(finished)
 
-    def _evaluate(self, epoch: int) -> dict[str, float]:
+    def _evaluate(self, epoch: int, why: str) -> dict[str, float]:
         self.events.send(Event.EVALUATION_START, self.step, epoch)
-        metrics = evaluate(self.run, self.run.val_loader)
+        metrics = self.work.evaluate(why)
         self.evaluated_at = self.step
-        self.record(metrics, self.step)
-        self.events.send(Event.EVALUATION, self.step, epoch, metrics)
+        self.events.send(Event.EVALUATION, self.step, epoch, metrics)  # recorded first (the record hears it first)
         self.events.send(Event.EVALUATION_END, self.step, epoch)
         # what callbacks logged as evaluation metrics (``val/...``, the ones that may be the
         # best_metric) is shown with the task's, on the step and epoch lines and in the summary
@@ -362,131 +548,86 @@ class TrainingLoop:
         return metrics
 
     def _stop_if_asked(self, position: Position) -> None:
-        signum, asked = self.stop.agreed(self.run.accelerator)
+        signum, asked = self.work.agree()
         if signum:
             raise Terminated(signum, self.checkpoint(position), position.step)
         if asked:
             raise StoppedEarly
 
-    def _batches(self, epoch: int, skip: int) -> Any:
-        loader = self.run.train_loader
-        loader.set_epoch(epoch)  # the sampler's order depends on the seed and the epoch alone
-        if skip:
-            loader = self.run.accelerator.skip_first_batches(loader, skip)
-            loader.set_epoch(epoch)
-        return loader
-
-    def _train_epoch(self, epoch: int, skip: int) -> dict[str, float]:
-        import torch
+    def _progress(self, epoch: int, skip: int) -> tqdm:
         from tqdm.auto import tqdm
 
-        run, job, task = self.run, self.run.job, self.run.task
-        accelerator, model, optimizer, scheduler = run.accelerator, run.model, run.optimizer, run.scheduler
-        train = job.train
-        batches = self._batches(epoch, skip)
-        model.train()
         # train.max_steps may end the epoch early: the bar counts the batches this epoch will take
-        remaining = (self.schedule.total_steps - self.step) * train.gradient_accumulation_steps
-        progress = tqdm(
-            total=min(len(run.train_loader), skip + remaining),
+        remaining = (self.schedule.total_steps - self.step) * self.settings.gradient_accumulation_steps
+        return tqdm(
+            total=min(self.work.batches_per_epoch, skip + remaining),
             initial=skip,
             desc=f"epoch {epoch + 1}/{self.schedule.epochs}",
             unit="batch",
-            disable=not accelerator.is_main_process,
+            disable=self.quiet or not self.run.accelerator.is_main_process,
             leave=False,
             dynamic_ncols=True,
             mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
         )
-        loss_sum = torch.zeros((), device=accelerator.device)
-        micro_batches = 0
+
+    def _train_epoch(self, epoch: int, skip: int) -> dict[str, float]:
+        settings, work, clock = self.settings, self.work, self.clock
+        batches = work.start_epoch(epoch, skip)
+        progress = self._progress(epoch, skip)
         batches_done = skip
         metrics: dict[str, float] = {}
         try:
             for batch in batches:
-                if train.channels_last:
+                if settings.channels_last:
                     batch = channels_last(batch)
-                self.events.send(Event.BATCH, self.step, epoch, batch)
-                with accelerator.accumulate(model):
-                    if self.step == 0 and batches_done == 0 and epoch == 0:
-                        loss = first_loss(run, batch)
-                    else:
-                        loss = task.loss(task.forward(model, batch), batch)
-                    accelerator.backward(loss)
-                    stepped = True
-                    if accelerator.sync_gradients:
-                        norm = None
-                        if train.max_grad_norm is not None:
-                            norm = accelerator.clip_grad_norm_(model.parameters(), train.max_grad_norm)
-                        elif train.on_nonfinite == "skip":
-                            norm = torch.nn.utils.get_total_norm(
-                                [p.grad for p in model.parameters() if p.grad is not None]
-                            )
-                        stepped = self.nonfinite.allows_step(self.step + 1, loss, norm)
-                    if stepped:
-                        optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                loss_sum += loss.detach()
-                micro_batches += 1
+                self.events.send(Event.BATCH, clock.step, epoch, batch)
+                first = clock.step == 0 and batches_done == 0 and epoch == 0
+                loss, stepped = work.train_batch(batch, clock.step + 1, first)
                 batches_done += 1
                 progress.update(1)
-                if not accelerator.sync_gradients:
+                if not work.synced:
                     continue
-                if scheduler is not None and stepped and not accelerator.optimizer_step_was_skipped:
-                    scheduler.step()
-                self.step += 1
-                self.clock.step = self.step
-                self.events.send(Event.STEP, self.step, epoch, loss.detach())
-                here = Position(self.step, epoch, batches_done)
-                logged = self.step % train.log_every == 0
+                work.after_step(stepped)
+                clock.step += 1
+                step = clock.step
+                self.events.send(Event.STEP, step, epoch, loss)
+                here = Position(step, epoch, batches_done)
+                logged = step % settings.log_every == 0
                 if logged:
-                    metrics = self._log(loss_sum, micro_batches)
+                    metrics = self._log()
                     progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", refresh=False)
-                    loss_sum.zero_()
-                    micro_batches = 0
-                if train.eval_every and self.step % train.eval_every == 0:
+                if settings.eval_every and step % settings.eval_every == 0:
                     self._evaluate_within_epoch(epoch, progress)
                     self._stop_if_asked(here)  # evaluation synchronized the processes anyway
-                if logged or accelerator.num_processes == 1:  # agreeing costs a sync: only where one happens anyway
+                if logged or self.run.accelerator.num_processes == 1:  # agreeing costs a sync: only where one happens
                     self._stop_if_asked(here)
-                if (
-                    train.checkpoint_every
-                    and self.step % train.checkpoint_every == 0
-                    and batches_done < len(run.train_loader)
-                ):
+                checkpoint_every = settings.checkpoint_every
+                if checkpoint_every and step % checkpoint_every == 0 and batches_done < work.batches_per_epoch:
                     self.checkpoint(here)
-                if train.max_steps is not None and self.step >= train.max_steps:
+                if settings.max_steps is not None and step >= settings.max_steps:
                     break
-            if micro_batches:
-                metrics = self._log(loss_sum, micro_batches)
+            if work.unlogged:
+                metrics = self._log()
         finally:
             progress.close()
             self.batches_done = batches_done
         return metrics
 
-    def _evaluate_within_epoch(self, epoch: int, progress: Any) -> None:
+    def _evaluate_within_epoch(self, epoch: int, progress: tqdm) -> None:
         """``train.eval_every``: evaluate now, and say so on its own line above the progress bar."""
-        metrics = self._evaluate(epoch)
-        if self.run.accelerator.is_main_process:
+        metrics = self._evaluate(epoch, f"train.eval_every = {self.settings.eval_every}")
+        if self.run.accelerator.is_main_process and not self.quiet:
             shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
             progress.write(f"step {self.step}/{self.schedule.total_steps}  {shown}")
 
-    def _log(self, loss_sum: Any, micro_batches: int) -> dict[str, float]:
+    def _log(self) -> dict[str, float]:
         """Log the mean loss since the last log and the learning rate, with what the callbacks add
-        in ``on_log`` (throughput, peak memory, ...), as one record line."""
-        run, accelerator = self.run, self.run.accelerator
-        self.nonfinite.stop_if_seen(accelerator, run)
-        metrics = {
-            "train/loss": accelerator.reduce(loss_sum / micro_batches, reduction="mean").item(),
-            "lr": float(run.optimizer.param_groups[0]["lr"]),
-        }
-        if run.job.train.on_nonfinite == "skip":
-            metrics["train/nonfinite_skipped"] = float(self.nonfinite.skipped)
+        in ``on_log`` (throughput, peak memory, ...), as one record line (the record hears it last)."""
+        metrics = self.work.log_metrics()
         self.events.send(Event.LOG, self.step, self.epoch, metrics)  # what callbacks log joins this line
-        self.record(metrics, self.step)
         return metrics
 
     def _summary(self, epoch: int, seconds: float) -> None:
         self.last_metrics.update(self.run.logged)  # the callbacks' metrics, wherever they logged them
         shown = "  ".join(f"{k} {v:.4g}" for k, v in self.last_metrics.items() if k != "lr")
-        if self.run.accelerator.is_main_process:
-            print(f"epoch {epoch + 1}/{self.schedule.epochs}  step {self.step}  {shown}  ({seconds:.1f} s)")
+        self._say(f"epoch {epoch + 1}/{self.schedule.epochs}  step {self.step}  {shown}  ({seconds:.1f} s)")
