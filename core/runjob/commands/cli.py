@@ -11,9 +11,9 @@ import os
 import shlex
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from runjob.commands.arguments import (
     add_disable_plugin,
@@ -27,7 +27,7 @@ from runjob.commands.arguments import (
 from runjob.commands.plugins import add_plugins_arguments
 from runjob.tags import RERUN_OF_TAG
 
-COMMANDS = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
+COMMANDS: tuple[str, ...] = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
 COMMANDS += ("evaluate", "predict", "export")  # using a trained model
 LOADING_PLUGINS = ("run", "validate", "doctor", "plugins", "rerun", "sweep", "evaluate", "predict", "export")
 """The commands that load plugins: they take ``--disable-plugin`` after the command name too."""
@@ -75,7 +75,7 @@ class _Parser(argparse.ArgumentParser):
     closest option for one it does not know (argparse suggests none before Python 3.14). Its
     commands' parsers are of this class too (``add_subparsers`` makes them of the parser's type)."""
 
-    commands: dict[str, argparse.ArgumentParser]
+    commands: dict[str, _Parser]
 
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("runjob").strip()
@@ -271,7 +271,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-def add_trained_model_commands(commands: argparse._SubParsersAction, uri_default: str) -> None:
+def add_trained_model_commands(commands: argparse._SubParsersAction[_Parser], uri_default: str) -> None:
     """``evaluate``, ``predict`` and ``export``: using a finished run's model."""
     from runjob.commands.evaluate import add_run_reference
 
@@ -359,10 +359,11 @@ def _print_problems(message: str) -> None:
 MODULES = {"runs": "runs", "diff": "runs"}
 
 
-def _command(name: str):
+def _command(name: str) -> Callable[[argparse.Namespace], int]:
     """The function that carries out command ``name``: ``cmd_<name>`` in ``runjob.commands.<module>``."""
     module = importlib.import_module(f"runjob.commands.{MODULES.get(name, name)}")
-    return getattr(module, f"cmd_{name}")
+    command: Callable[[argparse.Namespace], int] = getattr(module, f"cmd_{name}")
+    return command
 
 
 BEFORE_COMMAND = ("--disable-plugin", "--plugin", "--help", "--version")
@@ -418,7 +419,14 @@ def _plugin_settings(args: argparse.Namespace) -> Iterator[None]:
     shown: set[str] = set()
     print_warning = warnings.showwarning
 
-    def show(message, category, filename, lineno, file=None, line=None):
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         if not issubclass(category, PluginWarning):
             print_warning(message, category, filename, lineno, file, line)
         elif not quiet and str(message) not in shown:

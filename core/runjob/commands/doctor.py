@@ -17,7 +17,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from runjob.errors import describe
 from runjob.job.plan import fp16_problem
@@ -81,7 +82,7 @@ def check_torch(job: ResolvedJob | None = None) -> list[Check]:
     return checks
 
 
-def _compile_toolchain(job: ResolvedJob, torch: Any) -> Check:
+def _compile_toolchain(job: ResolvedJob, torch: ModuleType) -> Check:
     """train.compile: inductor writes C++ kernels on a CPU (a C++ compiler) and Triton kernels on CUDA."""
     import importlib.util
 
@@ -101,7 +102,7 @@ def _compile_toolchain(job: ResolvedJob, torch: Any) -> Check:
     return Check("compile", "ok", f"train.compile = true on the CPU: C++ compiler {compiler}")
 
 
-def _mixed_precision(job: ResolvedJob, torch: Any) -> Check:
+def _mixed_precision(job: ResolvedJob, torch: ModuleType) -> Check:
     """fp16 needs CUDA; bf16 on CUDA needs a GPU that supports it."""
     asked = job.train.mixed_precision
     on_cuda = torch.cuda.is_available() and not job.train.cpu
@@ -239,7 +240,7 @@ def check_plugins(host: PluginHost | None = None) -> list[Check]:
     return checks
 
 
-def _safely(name: str, check: Callable[..., list[Check]], *args: Any) -> list[Check]:
+def _safely(name: str, check: Callable[..., list[Check]], *args: object) -> list[Check]:
     """Run one check; an exception becomes that check's failure instead of stopping the doctor."""
     try:
         return check(*args)

@@ -8,7 +8,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob.commands.table import render
 from runjob.errors import TrackingError
@@ -20,6 +20,10 @@ from runjob.tags import (
     OVERRIDES_TAG,
     VERSION_TAG,
 )
+
+if TYPE_CHECKING:
+    from runjob.job.validation import ResolvedJob
+    from runjob.train.trained import TrainedRun
 
 
 def add_run_reference(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +51,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def record_evaluation(run: Any, job: Any, args: argparse.Namespace, metrics: dict[str, float]) -> tuple[str, str]:
+def record_evaluation(
+    run: TrainedRun, job: ResolvedJob, args: argparse.Namespace, metrics: dict[str, float]
+) -> tuple[str, str]:
     """A new run in the evaluated run's experiment (and store, unless ``--tracking-uri`` says
     another): the job's params, the metrics (at step 0), and tags naming the run it evaluated.
     Recorded as a training run is: first in its own folder (``runs/<job name>-evaluate/<UTC

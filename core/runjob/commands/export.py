@@ -18,19 +18,29 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runjob.errors import RunjobError, first_line
 from runjob.host.run_folder import RunFolder, exported_model_name
+
+if TYPE_CHECKING:
+    import torch
+
+    from runjob.host.components import Component
+    from runjob.host.plugin_host import PluginHost
+    from runjob.host.task import Task
+    from runjob.job.validation import ResolvedJob
+    from runjob.train.trained import TrainedRun
 
 ONNX_MODULES = ("onnx", "onnxruntime", "onnxscript")
 BUILT_IN = ("onnx", "pt2")
 SAMPLES = 8  # validation samples the exported file is checked on
 
 
-def _output_path(args: argparse.Namespace, run: Any) -> Path:
+def _output_path(args: argparse.Namespace, run: TrainedRun) -> Path:
     if args.output is not None:
-        return args.output
+        output: Path = args.output
+        return output
     if run.output_dir is not None:
         return RunFolder(run.output_dir).exported_model(args.format)
     return Path(exported_model_name(args.format))
@@ -110,7 +120,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plugin_export(args: argparse.Namespace, run: Any, job: Any, exporter: Any, host: Any) -> int:
+def _plugin_export(
+    args: argparse.Namespace, run: TrainedRun, job: ResolvedJob, exporter: Component, host: PluginHost
+) -> int:
     """``--format NAME`` registered by a plugin (``runjob_register_exporters``): the trained model,
     adapters merged, and what the run kept of its data (its predictor's inputs, its ``data/``
     files) go to the plugin's export function, which writes ``--output`` (by default
@@ -162,7 +174,7 @@ def _plugin_export(args: argparse.Namespace, run: Any, job: Any, exporter: Any, 
     return 0
 
 
-def task_module(model: Any, task: Any) -> Any:
+def task_module(model: torch.nn.Module, task: Task) -> torch.nn.Module:
     """``model`` as ``task`` calls it, as a module of its own taking the task's inputs as one argument
     (``forward(inputs) = task.call_model(model, inputs)``): what export traces."""
     import torch
@@ -173,13 +185,13 @@ def task_module(model: Any, task: Any) -> Any:
             self.model = model
             self.task = task
 
-        def forward(self, inputs: Any) -> Any:
+        def forward(self, inputs: Any) -> Any:  # the task's model inputs and the model's outputs: the plugin's
             return self.task.call_model(self.model, inputs)
 
     return TaskModel().eval()
 
 
-def _tensors(tree: Any) -> list[Any]:
+def _tensors(tree: object) -> list[torch.Tensor]:
     """The tensors in nested dicts, tuples and lists (a model's outputs), in pytree order."""
     import torch
     from torch.utils import _pytree as pytree
@@ -187,7 +199,7 @@ def _tensors(tree: Any) -> list[Any]:
     return [leaf for leaf in pytree.tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
 
 
-def _largest_difference(got: Any, expected: Any) -> float:
+def _largest_difference(got: object, expected: object) -> float:
     """The largest absolute difference between the exporter's outputs and the model's."""
     import numpy as np
     from torch.utils import _pytree as pytree
@@ -196,7 +208,7 @@ def _largest_difference(got: Any, expected: Any) -> float:
     return max(float(np.abs(np.asarray(a) - b.detach().cpu().numpy()).max()) for a, b in pairs)
 
 
-def _names(tree: Any, root: str) -> list[str]:
+def _names(tree: object, root: str) -> list[str]:
     """A name per tensor of ``tree``, for ONNX: ``root`` for a lone tensor, a dict's keys (``x``,
     ``x_0`` deeper), ``root_0``, ``root_1`` for a tuple's items."""
     from torch.utils import _pytree as pytree
@@ -210,7 +222,7 @@ def _names(tree: Any, root: str) -> list[str]:
     return names
 
 
-def _batch_dimension(inputs: Any) -> Any:
+def _batch_dimension(inputs: object) -> object:
     """``dynamic_shapes`` for ``inputs``: the first dimension of every tensor is one batch size."""
     import torch
     from torch.utils import _pytree as pytree
@@ -224,7 +236,7 @@ def _cannot_export(name: str, what: str, error: BaseException) -> RunjobError:
     return RunjobError(f"model {name!r} cannot be exported {what}: {type(error).__name__}: {reason}; nothing written")
 
 
-def export_onnx(model: Any, inputs: Any, expected: Any, path: Path, name: str) -> float:
+def export_onnx(model: torch.nn.Module, inputs: object, expected: object, path: Path, name: str) -> float:
     """Write the model (a module whose forward takes ``inputs``, as :func:`task_module` gives) as ONNX to
     ``path`` (a batch dimension of any size) and return the largest absolute difference between
     onnxruntime's outputs and ``expected`` for ``inputs``."""
@@ -261,7 +273,7 @@ def export_onnx(model: Any, inputs: Any, expected: Any, path: Path, name: str) -
     return _largest_difference(session.run(None, feed), expected)
 
 
-def export_pt2(model: Any, inputs: Any, expected: Any, path: Path, name: str) -> float:
+def export_pt2(model: torch.nn.Module, inputs: object, expected: object, path: Path, name: str) -> float:
     """Write the model as a ``torch.export`` program to ``path`` (a batch dimension of any size),
     load it back and return the largest absolute difference between its outputs and ``expected``."""
     import torch

@@ -13,11 +13,12 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from runjob.errors import DataError, RunjobError
 from runjob.host.components import Inputs
+from runjob.host.json_types import JSONObject
 
 FORMATS = (".csv", ".jsonl")
 
@@ -60,6 +61,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             predictor = Predictor(task, splits.inputs, splits.classes, context, collate=splits.collate)
             if predictor.inputs is None and splits.decode is not None:  # a dataset of the older kind
                 predictor.inputs = _Decoder(splits.decode)
+        assert job is not None  # saved with the predictor, or loaded above
         task = predictor.task
         if args.prompt is not None and not generates(task):
             raise RunjobError(
@@ -108,11 +110,11 @@ class _Decoder:
 
     decodes = True
 
-    def __init__(self, decode: Any) -> None:
+    def __init__(self, decode: Callable[[Sequence[int]], str]) -> None:
         self.decode = decode
 
 
-def write_rows(rows: list[dict[str, Any]], output: Path | None) -> None:
+def write_rows(rows: list[JSONObject], output: Path | None) -> None:
     """JSON lines on stdout, or ``output`` as CSV or JSON lines, written whole or not at all (a
     temporary file renamed into place)."""
     if output is None:

@@ -8,9 +8,10 @@ import shutil
 import sys
 import tempfile
 import tomllib
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runjob.commands.arguments import overrides_from
 from runjob.errors import RunjobError
@@ -23,9 +24,10 @@ from runjob.tags import LOCAL_PLUGINS_TAG, RERUN_OF_TAG
 
 if TYPE_CHECKING:
     from runjob.host.plugin_host import LocalPlugin
+    from runjob.job.jobfile import Tables
 
 
-def _is_hidden(value: Any) -> bool:
+def _is_hidden(value: object) -> bool:
     if isinstance(value, str):
         return value == HIDDEN or f":{HIDDEN}@" in value  # a hidden key, or a URL's hidden password
     if isinstance(value, list):
@@ -33,12 +35,12 @@ def _is_hidden(value: Any) -> bool:
     return False
 
 
-def hidden_keys(tables: dict[str, Any]) -> list[str]:
+def hidden_keys(tables: Mapping[str, object]) -> list[str]:
     """The dotted keys of ``tables`` whose values were hidden (``***``) when the job was recorded."""
     return [key for key, value in flat(tables).items() if _is_hidden(value)]
 
 
-def _check_secrets_given(job: dict[str, Any], overrides: list[str], run_id: str) -> None:
+def _check_secrets_given(job: Tables, overrides: list[str], run_id: str) -> None:
     """Refuse a job with hidden secrets unless ``--set`` gives each of them (or a table above it)."""
     from runjob.job.jobfile import split_dotted
 
@@ -51,7 +53,7 @@ def _check_secrets_given(job: dict[str, Any], overrides: list[str], run_id: str)
         )
 
 
-def _tracking_uri_for(args: argparse.Namespace, job: dict[str, Any]) -> str | None:
+def _tracking_uri_for(args: argparse.Namespace, job: Tables) -> str | None:
     """Where the new run records when its job names no tracking URI: the store the old run was read
     from, so both runs are in the same place. A job that names one records there (said on stderr)."""
     recorded_uri = job.get("tracking", {}).get("uri")
@@ -62,7 +64,8 @@ def _tracking_uri_for(args: argparse.Namespace, job: dict[str, Any]) -> str | No
             "(--set tracking.uri=URI to change)",
             file=sys.stderr,
         )
-    return args.tracking_uri
+    given: str | None = args.tracking_uri
+    return given
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:

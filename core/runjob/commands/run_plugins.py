@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError
 from runjob.tags import LOCAL_PLUGINS_TAG
@@ -76,5 +76,6 @@ def _local_tag(run: TrainedRun) -> str | None:
     from runjob.record.store import get_run, open_store, reading
 
     with reading(run.tracking_uri):
-        found: Any = get_run(open_store(run.tracking_uri), run.tracking_uri, run.run_id)
-    return found.data.tags.get(LOCAL_PLUGINS_TAG)
+        found = get_run(open_store(run.tracking_uri), run.tracking_uri, run.run_id)
+    tags: dict[str, str] = found.data.tags
+    return tags.get(LOCAL_PLUGINS_TAG)

@@ -12,7 +12,7 @@ import json
 import time
 from collections import Counter
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob.commands.table import ELLIPSIS, FIGURES, figure, recorded_value, render, shorten
 from runjob.errors import RunjobError
@@ -20,6 +20,9 @@ from runjob.record.naming import SEPARATOR
 from runjob.record.store import all_experiments, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
 from runjob.tags import METRICS_TAG, SWEEP_KEYS_TAG, SWEEP_TAG
+
+if TYPE_CHECKING:
+    from mlflow.entities import Experiment, Run, RunInfo
 
 TABLE_WIDTH = 120  # `runs` shows as many differing job keys as fit in this many characters
 KEY_COLUMN_WIDTH = 18
@@ -31,7 +34,7 @@ CALLBACKS_TABLE = "callbacks."
 ENABLED_FLAG = ".enabled"  # every callback's option; true (on) where a run's record leaves it out
 
 
-def _choose_experiments(experiments: list[Any], name: str | None, uri: str) -> list[Any]:
+def _choose_experiments(experiments: list[Experiment], name: str | None, uri: str) -> list[Experiment]:
     """All experiments, or the one called ``name`` (an unknown name lists those that exist)."""
     if name is None:
         return experiments
@@ -60,14 +63,14 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 86400}d{seconds % 86400 // 3600:02d}h"
 
 
-def _run_duration(info: Any) -> str:
+def _run_duration(info: RunInfo) -> str:
     if not info.start_time:
         return ""
     end = info.end_time or (time.time() * 1000 if info.status == "RUNNING" else None)
     return _duration((end - info.start_time) / 1000) if end else ""
 
 
-def _start(info: Any) -> str:
+def _start(info: RunInfo) -> str:
     return datetime.fromtimestamp(info.start_time / 1000).strftime("%Y-%m-%d %H:%M") if info.start_time else ""
 
 
@@ -113,7 +116,7 @@ def swept_keys(params: list[dict[str, str]], tags: list[dict[str, str]]) -> list
 # --- runjob runs -------------------------------------------------------------------------------------
 
 
-def overview_table(runs: list[Any], experiment_names: dict[str, str]) -> list[str]:
+def overview_table(runs: list[Run], experiment_names: dict[str, str]) -> list[str]:
     """The first `runs` table: which run is which (id, experiment, name, status, start, duration)."""
     rows = [
         [
@@ -200,7 +203,7 @@ def _width(columns: list[tuple[str, list[str]]]) -> int:
     return sum(max(len(cell) for cell in [header, *cells]) + 2 for header, cells in columns) - 2
 
 
-def key_metrics(runs: list[Any]) -> list[str]:
+def key_metrics(runs: list[Run]) -> list[str]:
     """The metrics the runs' tasks declared, in order of first appearance, then ``train/loss``."""
     names: dict[str, None] = {}
     for run in runs:
@@ -212,7 +215,7 @@ def key_metrics(runs: list[Any]) -> list[str]:
     return [*names, "train/loss"]
 
 
-def results_table(runs: list[Any]) -> list[str]:
+def results_table(runs: list[Run]) -> list[str]:
     """The second `runs` table: per run, the job keys that differ between runs of the same job
     (:func:`chosen_keys`; the keys a sweep varies always, the others as many as fit in
     TABLE_WIDTH) and the final key metrics; then a line naming the keys left out."""
@@ -311,7 +314,7 @@ def metric_lines(a: dict[str, float], b: dict[str, float]) -> list[str]:
     return ["final metrics:", *render(["metric", "A", "B", "B - A", "change"], rows, right={1, 2, 3, 4}, indent="  ")]
 
 
-def diff_lines(a: Any, b: Any) -> list[str]:
+def diff_lines(a: Run, b: Run) -> list[str]:
     """The whole `diff` report for runs ``a`` and ``b``."""
     header = [
         f"{label}  {r.info.run_id}  {r.info.run_name or ''}  {r.info.status}" for label, r in (("A", a), ("B", b))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Set
 
 ELLIPSIS = "..."
 FIGURES = 4
@@ -41,7 +42,7 @@ def shorten(text: str, width: int) -> str:
     return text[:head] + ELLIPSIS + text[len(text) - (keep - head) :]
 
 
-def render(headers: list[str], rows: list[list[str]], right: set[int] = frozenset(), indent: str = "") -> list[str]:
+def render(headers: list[str], rows: list[list[str]], right: Set[int] = frozenset(), indent: str = "") -> list[str]:
     """A plain-text table: columns two spaces apart, columns in ``right`` right-aligned."""
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
     lines = []

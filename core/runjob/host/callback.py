@@ -108,11 +108,11 @@ class Callback:
     def on_run_end(self, run: Run, status: str, error: BaseException | None) -> None:
         """The run ends: ``status`` is FINISHED, FAILED or KILLED."""
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         """What this callback needs to continue after a resume: tensors, numbers, strings, lists and
         dicts of them. The main process's is saved in every checkpoint (so it should be the same on
         every process) and loaded with ``weights_only`` on every process."""
         return {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore what :meth:`state_dict` returned."""

@@ -12,14 +12,44 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeAlias
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from runjob.host.input_files import KINDS, InputKind, checked_files, reading, skipped_notes
+from runjob.host.json_types import JSONObject
 
 if TYPE_CHECKING:  # for annotations only: nothing here imports torch
     import torch
+
+    from runjob.host.task import Task
+    from runjob.job.validation import ResolvedJob
+
+# What a plugin defines stays Any: a dataset's samples and batches, and what its task and model make of
+# them, are whatever the plugin's task understands. Named once here.
+
+Sample: TypeAlias = Any
+"""One item of a dataset split, or one encoded input (:meth:`Inputs.encode`): the plugin's."""
+
+Batch: TypeAlias = Any
+"""Samples collated (a tensor; dicts, tuples and lists of them; whatever the task understands), and
+the model's inputs a task takes from one."""
+
+ModelOutputs: TypeAlias = Any
+"""What a model returns (a tensor, a dict, a Hugging Face ``ModelOutput``): the plugin's model's."""
+
+Split: TypeAlias = Any
+"""A dataset split: a ``torch.utils.data.Dataset`` of the plugin's samples, or an :class:`ImageTensors`."""
+
+Record: TypeAlias = dict[str, Any]
+"""A raw input (:class:`Inputs`): each column's plain value (a number, a string, bytes)."""
+
+Collate: TypeAlias = Callable[[list[Sample]], Batch]
+"""How a list of samples becomes a batch (``DatasetSplits.collate``)."""
+
+Factory: TypeAlias = Callable[..., Any]
+"""A registered component's factory: called with its options (and what its kind adds), it returns
+what the kind makes (a model, a dataset's splits, a task, an adapter, an Inputs class)."""
 
 
 class Options(BaseModel):
@@ -83,7 +113,7 @@ class Component:
 
     kind: str
     name: str
-    factory: Callable[..., Any]
+    factory: Factory
     options: type[Options]
     plugin: str
     description: str = ""
@@ -100,7 +130,7 @@ class ReportedFactory:
     :class:`~runjob.errors.RunjobError` the factory raised keeps its type and message, with the
     same place put in front. ``KeyboardInterrupt`` and other ``BaseException`` pass untouched."""
 
-    factory: Callable[..., Any]
+    factory: Factory
     table: str
     name: str
     where: str
@@ -134,8 +164,8 @@ class DatasetSplits:
     pairs, dicts, token windows) or an :class:`ImageTensors` (the in-memory fast path), and
     optionally a test split, evaluated once with the final weights as ``test/...`` metrics."""
 
-    train: Any
-    val: Any
+    train: Split
+    val: Split
     num_classes: int | None = None
     """How many classes the targets index (classification, segmentation), or how many token ids
     there are (language modelling); ``None`` when targets are values (regression)."""
@@ -144,12 +174,12 @@ class DatasetSplits:
     """Where the data came from (a folder, a URL); recorded as the run's dataset lineage."""
     digest: str | None = None
     """A short fingerprint of the data's content; runjob derives one from the options when unset."""
-    test: Any = None
+    test: Split = None
     """A held-out split evaluated once at the end of training (``test/...`` metrics), or None."""
     baselines: dict[str, float] = field(default_factory=dict)
     """Reference values the data itself gives (e.g. ``{"unigram_perplexity": 24.1}``), recorded as
     the run's tags ``runjob.baseline.<name>`` so runs can be read against them."""
-    read_inputs: Callable[[Path], Any] | None = None
+    read_inputs: Callable[[Path], Split] | None = None
     """For ``runjob predict``: read unlabeled inputs from a file or folder the user gives (image
     files, a CSV of the feature columns, a text prompt) as a ``torch.utils.data.Dataset`` of
     ``(name, input)`` items: a name for the output row (a file name, a line number) and the model's
@@ -164,7 +194,7 @@ class DatasetSplits:
     columns, image files' bytes, prompt text) exactly as ``runjob predict`` does, with a signature.
     Without it, the MLflow model takes the model's input tensors as they are, and the end of the
     run says so."""
-    collate: Callable[[list[Any]], Any] | None = None
+    collate: Collate | None = None
     """How a list of items becomes a batch, for every split (the DataLoaders' ``collate_fn``):
     padding a batch only to its longest sequence, for example. Mask the padding
     (``attention_mask`` 0, labels -100) so it is neither trained on nor counted as tokens. ``None``:
@@ -237,11 +267,11 @@ class DataFacts:
             pad_id=splits.pad_id,
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {key: value for key, value in self.__dict__.items() if value is not None}
 
     @classmethod
-    def checked(cls, values: dict[str, Any]) -> DataFacts:
+    def checked(cls, values: JSONObject) -> DataFacts:
         """The facts in ``values`` (a saved ``data_facts.json``), every field's type checked:
         ``ValueError`` naming the first that is wrong. Keys it does not know are left out."""
         from pydantic import TypeAdapter, ValidationError
@@ -262,7 +292,7 @@ class DataFacts:
         return cls(**known)
 
 
-def _input_shape(split: Any) -> tuple[int, ...] | None:
+def _input_shape(split: Split) -> tuple[int, ...] | None:
     """The shape of a split's first input sample, or ``None`` when its items are not
     ``(tensor, target)`` pairs (or an :class:`ImageTensors`)."""
     try:
@@ -285,18 +315,18 @@ class Adapter(ABC):
     ``init_from`` and before ``freeze``."""
 
     @abstractmethod
-    def apply(self, model: Any) -> Any:
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
         """The adapted model (a ``torch.nn.Module``); it may freeze what it does not train."""
 
-    def merge(self, model: Any) -> Any:
+    def merge(self, model: torch.nn.Module) -> torch.nn.Module:
         """The plain model with the adapter folded in, for ``runjob export``; by default the
         adapted model as it is."""
         return model
 
-    def save(self, model: Any, folder: Path) -> None:  # noqa: B027 - optional: not every adapter has files
+    def save(self, model: torch.nn.Module, folder: Path) -> None:  # noqa: B027 - optional: not every adapter has files
         """Write the adapter's own files into ``folder`` at the end of a run (optional)."""
 
-    def trainable(self, model: Any) -> str:
+    def trainable(self, model: torch.nn.Module) -> str:
         """One line on what trains: ``trainable 1,024 of 120,000 parameters (0.85%)``."""
         total = sum(p.numel() for p in model.parameters())
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -307,17 +337,17 @@ class Adapter(ABC):
 class ExportRequest:
     """What an export format registered through ``runjob_register_exporters`` receives."""
 
-    model: Any
+    model: torch.nn.Module
     """The trained model in eval mode on the CPU, adapters merged."""
     output: Path
     """Where to write (a file or a folder; it does not exist yet)."""
-    job: Any
+    job: ResolvedJob
     """The run's resolved job (``runjob.Job``)."""
     inputs: Inputs | None = None
     """The run's :class:`Inputs` (what the dataset fitted, e.g. a tokenizer), when it has one."""
     artifacts: dict[str, Path] = field(default_factory=dict)
     """The dataset's files the run kept (``DatasetSplits.artifacts``), by name."""
-    task: Any = None
+    task: Task | None = None
     """The run's task."""
 
 
@@ -360,7 +390,7 @@ class Inputs(ABC):
     skipped, each said in one line, and the others predicted (exit 2 when none is left).
     ``None`` (the default, for Inputs written before it existed): nothing is checked."""
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
+    def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if cls.reads is not None and cls.reads not in KINDS:  # said when the plugin loads, not at predict
             raise TypeError(
@@ -368,14 +398,14 @@ class Inputs(ABC):
             )
 
     @abstractmethod
-    def read(self, path: Path) -> Sequence[tuple[str, dict[str, Any]]]:
+    def read(self, path: Path) -> Sequence[tuple[str, Record]]:
         """The records in a file or folder the user names (``runjob predict --input PATH``), each
         with a name for its output row (a file name, ``line N``). Take the files from
         :meth:`files` (``for file in self.files(path)``), which leaves out those not of the kind
         :attr:`reads` names. Raise :class:`runjob.DataError` naming the path when nothing can be read."""
 
     @abstractmethod
-    def encode(self, record: dict[str, Any]) -> Any:
+    def encode(self, record: Record) -> Sample:
         """One record as one sample of what the task's ``inputs`` gives (a tensor, or a dict of
         tensors, without the batch dimension), with
         the same transform and normalization as the validation split. Raise ``ValueError`` saying
@@ -390,7 +420,7 @@ class Inputs(ABC):
         """Whether this class overrides :meth:`decode`."""
         return type(self).decode is not Inputs.decode
 
-    def to_data(self, folder: Path) -> dict[str, Any]:
+    def to_data(self, folder: Path) -> JSONObject:
         """This object's state as plain data (JSON values: numbers, strings, booleans, ``None``,
         lists and string-keyed dicts of them), for the run's predictor. Files too big or too
         structured for JSON (a tokenizer's ``tokenizer.json``) go into ``folder``, named in the
@@ -403,7 +433,7 @@ class Inputs(ABC):
         return arguments_of(self)
 
     @classmethod
-    def from_data(cls, data: dict[str, Any], folder: Path) -> Inputs:
+    def from_data(cls, data: JSONObject, folder: Path) -> Inputs:
         """The object :meth:`to_data` described: ``data`` as JSON gives it back (lists for tuples)
         and the folder holding its files. Raise ``ValueError`` or ``KeyError`` for data it cannot
         rebuild from (runjob reports it in one line naming the run's file).
@@ -414,7 +444,7 @@ class Inputs(ABC):
 
         return cls(**checked_arguments(cls, data))
 
-    def collate(self, samples: list[Any]) -> Any:
+    def collate(self, samples: list[Sample]) -> Batch | None:
         """A batch of what :meth:`encode` gives, for ``runjob predict`` and the MLflow model, or
         ``None`` (the default) to have runjob stack them (tensors, and dicts, tuples and lists of
         them). Override it when encoded inputs differ in length (padding a batch to its longest
@@ -449,14 +479,14 @@ class EncodedInputs:
     ``notes``: one line for each file of a folder that was left out, and one saying how many."""
 
     def __init__(
-        self, inputs: Inputs, records: list[tuple[str, dict[str, Any]]], where: str, notes: Sequence[str] = ()
+        self, inputs: Inputs, records: list[tuple[str, Record]], where: str, notes: Sequence[str] = ()
     ) -> None:
         self.inputs, self.records, self.where, self.notes = inputs, records, where, list(notes)
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, index: int) -> tuple[str, Any]:
+    def __getitem__(self, index: int) -> tuple[str, Sample]:
         name, record = self.records[index]
         try:
             return name, self.inputs.encode(record)
@@ -528,7 +558,7 @@ class StrategyPlan:
     registration instead (``register(..., max_processes=N)``), where ``runjob validate`` sees it too.
     """
 
-    accelerator_kwargs: dict[str, Any] = field(default_factory=dict)
+    accelerator_kwargs: dict[str, object] = field(default_factory=dict)
     expected_distributed_types: tuple[str, ...] = ()
     max_processes: int | None = None
     requirement: str = ""

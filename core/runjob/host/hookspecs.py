@@ -71,7 +71,7 @@ class Register(Protocol):
         *,
         options: type[Options] | None = None,
         description: str = "",
-        **facts: Any,
+        **facts: object,
     ) -> None: ...
 
 

@@ -5,6 +5,7 @@ row below plus its ``runjob_register_<plural>`` specification in :mod:`runjob.ho
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ class Fact:
     so the host knows it before building anything: ``runjob validate`` warns with it."""
 
     type: type | tuple[type, ...]
-    default: Any
+    default: object
     doc: str
 
 
@@ -102,7 +103,7 @@ COMMON_FACTS: dict[str, Fact] = {
 """The tables of kinds a job lists any number of (``[callbacks.NAME]``)."""
 
 
-def checked_facts(kind: Kind, name: str, given: dict[str, Any]) -> dict[str, Any]:
+def checked_facts(kind: Kind, name: str, given: Mapping[str, object]) -> dict[str, Any]:
     """Every fact of ``kind`` for component ``name``: the ones given, checked, and the defaults.
     Raises TypeError (recorded as the plugin's failure) for a fact the kind does not have."""
     known = {**kind.facts, **COMMON_FACTS}
@@ -112,12 +113,14 @@ def checked_facts(kind: Kind, name: str, given: dict[str, Any]) -> dict[str, Any
         raise TypeError(
             f"{kind.name} {name!r}: register() got unknown fact(s) {', '.join(unknown)}; {kind.plural} take: {accepted}"
         )
-    facts = {}
+    facts: dict[str, object] = {}
     for key, fact in known.items():
         value = given.get(key, fact.default)
         if key == "libraries" and isinstance(value, list):
             value = tuple(value)
-        if key == "libraries" and not all(isinstance(item, str) and item for item in value):
+        if key == "libraries" and not (
+            isinstance(value, tuple) and all(isinstance(item, str) and item for item in value)
+        ):
             raise TypeError(f"{kind.name} {name!r}: libraries = {value!r} is not valid ({fact.doc})")
         types = _types(fact)
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):  # True is an int

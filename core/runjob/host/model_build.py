@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from runjob.errors import ComponentError, DataError, describe, first_line
-from runjob.host.components import Adapter, DataFacts, Options, ReportedFactory
+from runjob.host.components import Adapter, Component, DataFacts, Factory, Options, ReportedFactory
 from runjob.host.run_folder import RunFolder
 from runjob.tags import library_tag
 
 if TYPE_CHECKING:
+    import torch
+
     from runjob.job.validation import Chosen
 
+T = TypeVar("T")
 
-def takes_data(factory: Callable[..., Any]) -> bool:
+
+def takes_data(factory: Factory) -> bool:
     """Whether a model factory takes the :class:`DataFacts` as a second positional parameter."""
     target = factory.factory if isinstance(factory, ReportedFactory) else factory
     try:
@@ -34,18 +38,19 @@ def takes_data(factory: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in parameters)
 
 
-def build_model(factory: Callable[..., Any], options: Options, data: DataFacts | None) -> Any:
+def build_model(factory: Factory, options: Options, data: DataFacts | None) -> torch.nn.Module:
     """Call a model factory with its options, and the data's facts when it takes them."""
-    if takes_data(factory):
-        return factory(options, data if data is not None else DataFacts())
-    return factory(options)
+    model: torch.nn.Module = (
+        factory(options, data if data is not None else DataFacts()) if takes_data(factory) else factory(options)
+    )
+    return model
 
 
-def build_each(chosen: Mapping[str, Chosen], expected: type, what: str) -> dict[str, Any]:
+def build_each(chosen: Mapping[str, Chosen], expected: type[T], what: str) -> dict[str, T]:
     """Each component of ``chosen`` (the job's callbacks, its adapters) built from its options, by
     name, in order; a factory that returns something else than ``expected`` is one line naming
     the component and its plugin."""
-    made = {}
+    made: dict[str, T] = {}
     for name, entry in chosen.items():
         built = entry.component.factory(entry.options)
         if not isinstance(built, expected):
@@ -59,10 +64,12 @@ def build_each(chosen: Mapping[str, Chosen], expected: type, what: str) -> dict[
 
 def make_adapters(adapters: Mapping[str, Chosen]) -> dict[str, Adapter]:
     """The job's adapters built from their options, by name, in order."""
-    return build_each(adapters, Adapter, "adapter")
+    return build_each(adapters, Adapter, "adapter")  # type: ignore[type-abstract]  # checked with isinstance only
 
 
-def apply_adapters(model: Any, adapters: Mapping[str, Adapter], places: Mapping[str, str] | None = None) -> Any:
+def apply_adapters(
+    model: torch.nn.Module, adapters: Mapping[str, Adapter], places: Mapping[str, str] | None = None
+) -> torch.nn.Module:
     """``model`` with each adapter applied in order; an adapter that fails (a layer the model
     lacks) is one line naming its table and, from ``places``, where the job names it."""
     for name, adapter in adapters.items():
@@ -84,14 +91,16 @@ def adapter_places(adapters: Mapping[str, Chosen]) -> dict[str, str]:
     return places
 
 
-def merge_adapters(model: Any, adapters: Mapping[str, Adapter]) -> Any:
+def merge_adapters(model: torch.nn.Module, adapters: Mapping[str, Adapter]) -> torch.nn.Module:
     """The plain model with the adapters folded in, last applied first."""
     for adapter in reversed(list(adapters.values())):
         model = adapter.merge(model)
     return model
 
 
-def rebuild_model(model: Chosen, adapters: Mapping[str, Chosen], folder: Path | None) -> tuple[Any, dict[str, Adapter]]:
+def rebuild_model(
+    model: Chosen, adapters: Mapping[str, Chosen], folder: Path | None
+) -> tuple[torch.nn.Module, dict[str, Adapter]]:
     """A run's model as training built it, before its weights are loaded: its factory with the
     facts saved in ``folder`` (the run's output folder or a copy of its files), then its adapters."""
     facts = read_facts(folder) if folder is not None else None
@@ -121,7 +130,7 @@ def read_facts(folder: Path) -> DataFacts | None:
         raise DataError(f"{path}: not the data facts runjob saved ({first_line(error)})") from None
 
 
-def library_versions(components: list[Any]) -> dict[str, str]:
+def library_versions(components: list[Component]) -> dict[str, str]:
     """``runjob.library.NAME``: the installed version of each library the components state they wrap."""
     tags = {}
     for component in components:

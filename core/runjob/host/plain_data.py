@@ -17,7 +17,12 @@ import json
 import math
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from runjob.host.json_types import JSONObject
+
+if TYPE_CHECKING:
+    from runjob.host.components import Inputs
 
 PLAIN = "JSON values: None, booleans, integers, finite floats, strings, and lists and string-keyed dicts of them"
 
@@ -26,7 +31,7 @@ class NotPlainData(TypeError):
     """A value that is not plain data (:data:`PLAIN`): where in the value it is, and what it is."""
 
 
-def check_plain(value: Any, where: str) -> None:
+def check_plain(value: object, where: str) -> None:
     """Raise :class:`NotPlainData` naming the first part of ``value`` that JSON cannot hold as it is
     (``where``: the value's name, e.g. ``"CSVInputs.to_data()['mean']"``)."""
     if value is None or isinstance(value, (bool, int, str)):
@@ -48,9 +53,10 @@ def check_plain(value: Any, where: str) -> None:
     raise NotPlainData(f"{where} is a {type(value).__module__}.{type(value).__qualname__}, not plain data ({PLAIN})")
 
 
-def as_json(value: Any) -> Any:
+def as_json(value: JSONObject) -> JSONObject:
     """``value`` as JSON gives it back (tuples become lists): what a rebuilt object receives."""
-    return json.loads(json.dumps(value, allow_nan=False))
+    back: JSONObject = json.loads(json.dumps(value, allow_nan=False))
+    return back
 
 
 def init_arguments(cls: type) -> list[str]:
@@ -67,11 +73,11 @@ def init_arguments(cls: type) -> list[str]:
     return names
 
 
-def arguments_of(instance: Any) -> dict[str, Any]:
+def arguments_of(instance: object) -> JSONObject:
     """The default :meth:`runjob.Inputs.to_data`: each argument of the class's ``__init__`` read back
     from the attribute of the same name, which must hold plain data."""
     cls = type(instance)
-    data = {}
+    data: JSONObject = {}
     for name in init_arguments(cls):
         if not hasattr(instance, name):
             raise TypeError(
@@ -83,7 +89,7 @@ def arguments_of(instance: Any) -> dict[str, Any]:
     return data
 
 
-def checked_arguments(cls: type, data: dict[str, Any]) -> dict[str, Any]:
+def checked_arguments(cls: type, data: JSONObject) -> dict[str, object]:
     """``data`` as the arguments of ``cls.__init__``, each checked against its annotation (pydantic,
     lax: a list where a tuple is annotated, an int where a float is); unannotated ones taken as they
     are. ``ValueError`` names an argument that is unknown, missing or of the wrong type."""
@@ -96,7 +102,7 @@ def checked_arguments(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     if not names:
         return {}
     signature = inspect.signature(cls, eval_str=True)  # the plugin's own annotations
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {}  # each argument's annotation (any type form) and default
     for name in names:
         parameter = signature.parameters[name]
         annotation = Any if parameter.annotation is parameter.empty else parameter.annotation
@@ -112,7 +118,7 @@ def checked_arguments(cls: type, data: dict[str, Any]) -> dict[str, Any]:
     return {name: getattr(checked, name) for name in names if name in data or name in checked.model_fields_set}
 
 
-def round_trip(instance: Any, folder: Path) -> Any:
+def round_trip(instance: Inputs, folder: Path) -> Inputs:
     """``instance`` (a :class:`runjob.Inputs`) written as data into ``folder`` and rebuilt from it,
     as a run saves its predictor and ``runjob predict`` reads it back. Raises ``TypeError`` or
     ``ValueError`` saying what does not survive: data that is not plain, a rebuilt object of

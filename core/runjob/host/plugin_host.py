@@ -31,17 +31,17 @@ import re
 import sys
 import traceback
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Literal
+from typing import Literal
 
 import pluggy
 
 from runjob.errors import RunjobError
 from runjob.host import hookspecs
-from runjob.host.components import Component, NoOptions, Options
+from runjob.host.components import Component, Factory, NoOptions, Options
 from runjob.host.kinds import BY_NAME, KINDS, checked_facts
 
 ENTRY_POINT_GROUP = "runjob"
@@ -136,7 +136,7 @@ class LocalPlugin:
     directory: str = ""
     path: str = ""
     sha256: str = ""
-    plugin: Any = field(default=None, compare=False, repr=False)
+    plugin: object = field(default=None, compare=False, repr=False)
 
     @property
     def spec(self) -> str:
@@ -374,7 +374,7 @@ class HookMismatch(Exception):
     """A plugin's hook that its specification does not allow (a misspelt name, an unknown argument)."""
 
 
-def _required_arguments(function: Callable[..., Any]) -> list[str]:
+def _required_arguments(function: Factory) -> list[str]:
     """The arguments a hook implementation takes without a default, as pluggy passes them (by name)."""
     try:
         parameters = inspect.signature(function).parameters.values()
@@ -390,11 +390,11 @@ def _required_arguments(function: Callable[..., Any]) -> list[str]:
 def _register_into(found: list[Component], kind: str, plugin_name: str) -> hookspecs.Register:
     def register(
         name: str,
-        factory: Callable[..., Any],
+        factory: Factory,
         *,
         options: type[Options] | None = None,
         description: str = "",
-        **facts: Any,
+        **facts: object,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise TypeError(f"a {kind} name must be a non-empty string, got {name!r}")
@@ -497,7 +497,10 @@ def load_plugins(disabled: Mapping[str, str] | None = None, local: Sequence[Loca
 
 # --- local plugins: -p, $RUNJOB_PLUGINS, runjob.run(plugins=[...]) ----------------------------------
 
-_LOADED: dict[tuple[Any, ...], LocalPlugin] = {}
+_PluginKey = tuple[str | int, ...]
+"""What a local plugin is: its kind and module and folder, its file, or its object's id."""
+
+_LOADED: dict[_PluginKey, LocalPlugin] = {}
 """Every local plugin imported in this process, by what it is: each is imported once, and keeps the
 ``-p`` text it was first given with (what the run records)."""
 _IN_PROCESS: list[LocalPlugin] = []
@@ -507,7 +510,7 @@ _PRIVATE_PREFIX = "runjob_local_"
 
 
 def local_plugins(
-    given: Iterable[Any] = (),
+    given: Iterable[object] = (),
     *,
     label: str = PLUGIN_FLAG,
     environ: Mapping[str, str] | None = None,
@@ -520,7 +523,7 @@ def local_plugins(
     another local one has, raises :class:`LocalPluginError`."""
     environ = os.environ if environ is None else environ
     folder = Path.cwd() if cwd is None else Path(cwd)
-    found: dict[tuple[Any, ...], LocalPlugin] = {}
+    found: dict[_PluginKey, LocalPlugin] = {}
     for text in environ.get(PLUGINS_ENVIRONMENT, "").split(","):
         if text.strip():
             plugin = _resolve(text.strip(), f"{PLUGINS_ENVIRONMENT}={text.strip()}", folder)
@@ -574,7 +577,7 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def _key(plugin: LocalPlugin) -> tuple[Any, ...]:
+def _key(plugin: LocalPlugin) -> _PluginKey:
     if plugin.kind == "object":
         return ("object", id(plugin.plugin))
     return ("module", plugin.module, plugin.directory) if plugin.kind == "module" else ("file", "", plugin.path)
@@ -606,7 +609,7 @@ def _check_names(plugins: Sequence[LocalPlugin]) -> None:
             )
 
 
-def _resolve(value: Any, where: str, cwd: Path) -> LocalPlugin:
+def _resolve(value: object, where: str, cwd: Path) -> LocalPlugin:
     """The plugin ``value`` names (a ``-p`` text, a path, a module, an object), imported once per process."""
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -628,7 +631,7 @@ def _resolve(value: Any, where: str, cwd: Path) -> LocalPlugin:
 def _resolve_text(text: str, where: str, cwd: Path) -> LocalPlugin:
     if text.endswith(".py"):
         path = (cwd / Path(text).expanduser()).resolve()
-        key: tuple[Any, ...] = ("file", "", str(path))
+        key: _PluginKey = ("file", "", str(path))
         if key not in _LOADED:
             module = _load_file(path, where)
             _LOADED[key] = LocalPlugin(
@@ -661,7 +664,7 @@ def _resolve_module_object(module: ModuleType) -> LocalPlugin:
     path = Path(file).resolve() if file else None
     directory = _importable_from(name, path) if path is not None and name != "__main__" else None
     if path is None or directory is None:  # a script's own module, or one made in memory: not importable again
-        key: tuple[Any, ...] = ("object", id(module))
+        key: _PluginKey = ("object", id(module))
         _LOADED[key] = LocalPlugin(f"<module {name}>", name.rpartition(".")[2], "object", plugin=module)
     else:
         key = ("module", name, str(directory))

@@ -26,6 +26,7 @@ from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
 if TYPE_CHECKING:  # annotations only: the host never imports torch
     import torch
     from accelerate import Accelerator
+    from pluggy import HookRelay
 
     from runjob.host.callback import Callback
     from runjob.host.task import Task
@@ -153,11 +154,11 @@ class RunParts:
     """What the session built for a run, handed to :class:`Run` once."""
 
     job: ResolvedJob
-    accelerator: Any
-    model: Any
+    accelerator: Accelerator
+    model: torch.nn.Module
     task: Task
     output_dir: Path
-    optimizer: Any = None
+    optimizer: torch.optim.Optimizer | None = None
     scheduler: Any = None
     train_loader: Any = None
     val_loader: Any = None
@@ -198,7 +199,7 @@ class Run:
 
     @property
     def model(self) -> torch.nn.Module:
-        return self._parts.model  # type: ignore[no-any-return]
+        return self._parts.model
 
     @property
     def optimizer(self) -> Any:
@@ -378,7 +379,7 @@ def write_named_models(output_dir: Path, models: Iterable[NamedModel]) -> Path:
     return path
 
 
-def dispatcher(run: Run, hooks: Any = None, plugins: Mapping[str, str] | None = None) -> Dispatcher:
+def dispatcher(run: Run, hooks: HookRelay | None = None, plugins: Mapping[str, str] | None = None) -> Dispatcher:
     """The one dispatcher of ``run``'s events: its callbacks, then the global ``hooks`` (pluggy's
     relay); what callbacks log goes through the run's journal (:class:`runjob.host.events.Journal`)."""
     return Dispatcher(
@@ -399,10 +400,10 @@ class _RunContext(Run):
 
     def __init__(
         self,
-        job: Any,
-        accelerator: Any,
-        model: Any,
-        optimizer: Any,
+        job: ResolvedJob,
+        accelerator: Accelerator,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
         scheduler: Any,
         train_loader: Any,
         val_loader: Any,
@@ -440,7 +441,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def save_weights(accelerator: Any, model: Any, folder: Path) -> None:
+def save_weights(accelerator: Accelerator, model: torch.nn.Module, folder: Path) -> None:
     """``model.safetensors`` of the plain model (gathered from every rank when sharded; without a
     ``torch.compile`` wrapper, whose weight names would start ``_orig_mod.``). Tied weights (a
     language model's input and output embedding) are stored once, as safetensors requires; the

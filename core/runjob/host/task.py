@@ -17,7 +17,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from runjob.host.components import Options
+from runjob.host.components import Batch, ModelOutputs, Options
+from runjob.host.json_types import JSONObject
 
 if TYPE_CHECKING:  # for annotations only: loading plugins never imports torch
     import torch
@@ -67,12 +68,12 @@ class Task(ABC):
     unit: str = "samples"
     """What :meth:`count` counts; throughput is logged as ``train/<unit>_per_s``."""
 
-    def inputs(self, batch: Any) -> Any:
+    def inputs(self, batch: Batch) -> Batch:
         """The model's inputs in a batch: the first item of a tuple or list batch, else the batch.
         Prediction and export give :meth:`call_model` a batch of these (without targets)."""
         return batch[0] if isinstance(batch, (tuple, list)) else batch
 
-    def targets(self, batch: Any) -> Any:
+    def targets(self, batch: Batch) -> Batch:
         """What the outputs are compared with: the second item of a tuple or list batch."""
         if isinstance(batch, (tuple, list)) and len(batch) > 1:
             return batch[1]
@@ -81,7 +82,7 @@ class Task(ABC):
             "override Task.targets for other batches"
         )
 
-    def call_model(self, model: Any, inputs: Any) -> Any:
+    def call_model(self, model: torch.nn.Module, inputs: Batch) -> ModelOutputs:
         """The model's outputs for ``inputs`` (what :meth:`inputs` gives, in training, evaluation,
         prediction and export alike).
 
@@ -113,23 +114,23 @@ class Task(ABC):
                     return model(**{key: value for key, value in inputs.items() if any_keyword or key in named})
         return model(inputs)
 
-    def forward(self, model: Any, batch: Any) -> Any:
+    def forward(self, model: torch.nn.Module, batch: Batch) -> ModelOutputs:
         """The model's outputs for a training or evaluation ``batch``:
         ``self.call_model(model, self.inputs(batch))``."""
         return self.call_model(model, self.inputs(batch))
 
     @abstractmethod
-    def loss(self, outputs: Any, batch: Any) -> torch.Tensor:
+    def loss(self, outputs: ModelOutputs, batch: Batch) -> torch.Tensor:
         """The training loss of a batch: a 0-dim tensor the host calls ``backward`` on (via
         ``accelerator.backward``). Do not call ``.item()`` here: it would wait for the device."""
 
-    def check(self, outputs: Any, batch: Any) -> None:  # noqa: B027 - optional, unlike the abstract three
+    def check(self, outputs: ModelOutputs, batch: Batch) -> None:  # noqa: B027 - optional, unlike the abstract three
         """Called once, on the first training batch: raise ``ValueError("...")`` when the model's
         outputs do not fit the task and the data (say the shapes and what to set); the host stops
         with that message, naming the model, the task and the dataset."""
 
     @abstractmethod
-    def evaluate(self, outputs: Any, batch: Any) -> dict[str, torch.Tensor]:
+    def evaluate(self, outputs: ModelOutputs, batch: Batch) -> dict[str, torch.Tensor]:
         """Per-sample values of one evaluation batch: names mapped to tensors whose first dimension
         is the batch (``(batch,)`` or ``(batch, ...)``). The host gathers them across processes
         (each validation sample counted once), sums each over the samples on the device, and hands
@@ -141,7 +142,7 @@ class Task(ABC):
         for a ``(batch,)`` value, a list of floats for ``(batch, k)``, and so on) and ``count``, the
         number of samples. Return every metric the options declare, without the split prefix."""
 
-    def count(self, batch: Any) -> int:
+    def count(self, batch: Batch) -> int:
         """How many :attr:`unit` a batch holds: by default the first dimension of its first tensor.
         Use shapes only (no ``.item()``): it is called every step."""
         first = first_tensor(batch)
@@ -150,16 +151,16 @@ class Task(ABC):
         return int(first.shape[0])
 
     @staticmethod
-    def logits_of(outputs: Any) -> Any:
+    def logits_of(outputs: ModelOutputs) -> torch.Tensor:
         """The logits in a model's outputs (see :func:`logits_of`)."""
         return logits_of(outputs)
 
     @staticmethod
-    def takes_keyword(model: Any, name: str) -> bool:
+    def takes_keyword(model: torch.nn.Module, name: str) -> bool:
         """Whether the model's ``forward`` names a parameter ``name`` (see :func:`takes_keyword`)."""
         return takes_keyword(model, name)
 
-    def predict(self, outputs: Any) -> dict[str, torch.Tensor]:
+    def predict(self, outputs: ModelOutputs) -> dict[str, torch.Tensor]:
         """What ``runjob predict`` writes for a batch of the model's outputs (of :meth:`call_model`):
         names mapped to per-sample tensors (first dimension the batch; a ``(batch, k)`` tensor becomes
         k columns ``name_0 ... name_<k-1>``). By default the outputs as they are, as ``output``; a
@@ -167,7 +168,7 @@ class Task(ABC):
         ``class`` holds class indices, written as the dataset's class names when it has them."""
         return {"output": outputs}
 
-    def to_data(self) -> dict[str, Any]:
+    def to_data(self) -> JSONObject:
         """What prediction needs of this task beyond its ``[task]`` options and the run's
         :class:`runjob.DataFacts` (class weights fitted on the training labels, say), as plain data
         (JSON values). ``runjob predict``, ``export`` and the MLflow model rebuild a finished run's
@@ -175,7 +176,7 @@ class Task(ABC):
         then hand this to :meth:`restore`. By default: nothing (``{}``)."""
         return {}
 
-    def restore(self, data: dict[str, Any]) -> None:
+    def restore(self, data: JSONObject) -> None:
         """Take back what :meth:`to_data` gave, on a task its factory rebuilt from the options and
         the facts. Raise ``ValueError`` for data it cannot take. By default a task keeps nothing,
         and refuses data it is given."""
@@ -206,7 +207,7 @@ class Generating(ABC):
     @abstractmethod
     def generate(
         self,
-        model: Any,
+        model: torch.nn.Module,
         tokens: torch.Tensor,
         max_new_tokens: int,
         context: int,
@@ -218,7 +219,7 @@ class Generating(ABC):
         the model sees at most the last ``context`` tokens (the length it was trained on)."""
 
 
-def generates(task: Any) -> bool:
+def generates(task: object) -> bool:
     """Whether ``task`` continues its inputs: a :class:`Generating` task, or (deprecated, for one
     release) a task that defines ``generate`` without subclassing it."""
     if isinstance(task, Generating):
@@ -234,13 +235,14 @@ def generates(task: Any) -> bool:
     return False
 
 
-def logits_of(outputs: Any) -> Any:
+def logits_of(outputs: ModelOutputs) -> torch.Tensor:
     """The logits in a model's outputs: a tensor (anything with a ``shape``) as it is; else its
     ``logits`` attribute (a Hugging Face ``ModelOutput``, any object with one) or ``"logits"`` key
     (a dict). Anything else is a ``ValueError`` naming what the outputs are."""
     if hasattr(outputs, "shape"):
-        return outputs
-    logits = getattr(outputs, "logits", None)
+        tensor: torch.Tensor = outputs
+        return tensor
+    logits: torch.Tensor | None = getattr(outputs, "logits", None)
     if logits is None and isinstance(outputs, Mapping):
         logits = outputs.get("logits")
     if logits is None:
@@ -255,7 +257,7 @@ def logits_of(outputs: Any) -> Any:
 _WRAPPED = ("_orig_mod", "module")  # torch.compile's OptimizedModule; DistributedDataParallel, FSDP, DeepSpeed
 
 
-def forward_signature(model: Any) -> inspect.Signature | None:
+def forward_signature(model: torch.nn.Module) -> inspect.Signature | None:
     """The signature of the function that takes ``model``'s inputs: its ``forward`` (or the model
     itself, for a plain callable), read through ``functools.wraps`` decorators (Accelerate's mixed
     precision, Hugging Face's) and through wrappers whose ``forward`` only passes ``*args,
@@ -284,7 +286,7 @@ def _keywords(signature: inspect.Signature) -> tuple[frozenset[str], bool]:
     return named, any(p.kind is p.VAR_KEYWORD for p in parameters)
 
 
-def takes_keyword(model: Any, name: str) -> bool:
+def takes_keyword(model: torch.nn.Module, name: str) -> bool:
     """Whether ``model``'s ``forward`` names a parameter ``name`` (``**kwargs`` alone does not
     count), read as :meth:`Task.call_model` reads it: e.g. whether a language model takes an
     ``attention_mask``."""
@@ -292,10 +294,11 @@ def takes_keyword(model: Any, name: str) -> bool:
     return found is not None and name in _keywords(found)[0]
 
 
-def first_tensor(batch: Any) -> Any:
+def first_tensor(batch: Batch) -> torch.Tensor | None:
     """The first object with a ``shape`` in a batch of nested tuples, lists and dicts (or None)."""
     if hasattr(batch, "shape"):
-        return batch
+        tensor: torch.Tensor = batch
+        return tensor
     items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (tuple, list)) else ()
     for item in items:
         found = first_tensor(item)

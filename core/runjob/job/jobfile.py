@@ -12,11 +12,15 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 from runjob.errors import JobError, Problem
 from runjob.job.keys import flat
 from runjob.job.redaction import redact_override
+
+Tables: TypeAlias = dict[str, Any]
+"""A job's tables as TOML reads them (strings, numbers, booleans, dates, lists, tables), before
+the job's models check them key by key."""
 
 OVERRIDE_SOURCE = "--set"
 
@@ -45,7 +49,7 @@ class RawJob:
     """A job as read: merged data (``extends`` applied, overrides applied) and each key's origin."""
 
     path: Path
-    data: dict[str, Any]
+    data: Tables
     origins: dict[str, Origin] = field(default_factory=dict)
     overrides: list[str] = field(default_factory=list)
 
@@ -97,7 +101,7 @@ def key_lines(text: str) -> dict[str, int]:
     return lines
 
 
-def parse_toml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+def parse_toml(path: Path) -> tuple[Tables, dict[str, int]]:
     """Read one TOML file; a syntax error becomes a ``file:line:column`` problem."""
     if not path.exists():
         raise JobError([Problem(str(path), "", "job file not found")])
@@ -120,7 +124,7 @@ def parse_toml(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     return data, key_lines(text)
 
 
-def _leaf_keys(data: dict[str, Any]) -> list[str]:
+def _leaf_keys(data: Tables) -> list[str]:
     return list(flat(data, tables_too=True))
 
 
@@ -129,7 +133,7 @@ REMOVE = "!remove"
 ``key = "!remove"`` in a job file that ``extends`` another, ``--set table.key=!remove``."""
 
 
-def _merge(base: dict[str, Any], top: dict[str, Any], removed: list[str], prefix: str = "") -> dict[str, Any]:
+def _merge(base: Tables, top: Tables, removed: list[str], prefix: str = "") -> Tables:
     """Deep-merge ``top`` over ``base``: tables merge key by key, any other value replaces, and
     :data:`REMOVE` removes the key; the dotted keys it names that ``base`` lacks go to ``removed``."""
     merged = dict(base)
@@ -162,7 +166,7 @@ def _nothing_to_remove(keys: list[str], origins: dict[str, Origin]) -> JobError:
     return JobError(problems)
 
 
-def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[dict[str, Any], dict[str, Origin]]:
+def _read_with_bases(path: Path, chain: tuple[Path, ...]) -> tuple[Tables, dict[str, Origin]]:
     data, lines = parse_toml(path)
     origins = {key: Origin(str(path), lines.get(key)) for key in _leaf_keys(data)}
     base_name = data.pop("extends", None)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runjob.job.validation import ResolvedJob
 
 
 def gpu_driver_present() -> bool:
@@ -12,7 +15,7 @@ def gpu_driver_present() -> bool:
     return shutil.which("nvidia-smi") is not None or Path("/proc/driver/nvidia").exists()
 
 
-def plan_lines(job: Any, has_gpu: bool | None = None) -> list[str]:
+def plan_lines(job: ResolvedJob, has_gpu: bool | None = None) -> list[str]:
     """Human-readable lines: processes, batches, precision, strategy, length, callbacks, and warnings."""
     has_gpu = gpu_driver_present() if has_gpu is None else has_gpu
     launch, train = job.launch, job.train
@@ -50,7 +53,7 @@ def fp16_problem(mixed_precision: str, on_cuda: bool, where: str = "none is used
     )
 
 
-def plan_warnings(job: Any, has_gpu: bool) -> list[str]:
+def plan_warnings(job: ResolvedJob, has_gpu: bool) -> list[str]:
     """What would stop the run (or waste it) on this machine, known without importing torch: the
     precision, and what the strategy stated when it was registered (GPUs, processes)."""
     warnings = []

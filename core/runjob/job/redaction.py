@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runjob.job.jobfile import Tables
 
 HIDDEN = "***"
 _SECRET_KEY = re.compile(r"(token|password|passwd|secret|api[_-]?key|access[_-]?key|credential|auth)", re.IGNORECASE)
@@ -17,7 +20,7 @@ def redact_text(text: str) -> str:
     return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{HIDDEN}@", text)
 
 
-def redact(key: str, value: Any) -> Any:
+def redact(key: str, value: object) -> object:
     """The value to record for ``key``: hidden when the key names a secret, URL passwords masked."""
     if _SECRET_KEY.search(key.rsplit(".", 1)[-1]):
         return HIDDEN
@@ -30,7 +33,7 @@ def redact(key: str, value: Any) -> Any:
     return value
 
 
-def redact_tables(tables: dict[str, Any]) -> dict[str, Any]:
+def redact_tables(tables: Tables) -> Tables:
     """A copy of job tables with every secret hidden."""
     return {key: redact(key, value) for key, value in tables.items()}
 

@@ -16,12 +16,13 @@ from pydantic import BaseModel, ValidationError
 
 from runjob.errors import JobError, Problem
 from runjob.host.components import Component, Options, reported
+from runjob.host.json_types import JSONObject
 from runjob.host.kinds import BY_NAME as KINDS
 from runjob.host.kinds import MANY_TABLES
 from runjob.host.kinds import NAMES as COMPONENT_TABLES
 from runjob.host.plugin_host import ComponentLookupError, PluginHost
 from runjob.host.task import EVALUATION_PREFIXES, declared_metrics
-from runjob.job.jobfile import RawJob, load_job, override_origin
+from runjob.job.jobfile import RawJob, Tables, load_job, override_origin
 from runjob.job.keys import flat
 from runjob.job.schema import (
     HOST_TABLES,
@@ -101,9 +102,9 @@ class ResolvedJob:
         """The callbacks that run (``enabled`` not switched off), in the order they are called."""
         return {name: chosen for name, chosen in self.callbacks.items() if chosen.options.enabled}  # type: ignore[attr-defined]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JSONObject:
         """The resolved job as job-file tables; reading it back gives the same job."""
-        tables: dict[str, Any] = {}
+        tables: JSONObject = {}
         for table in TABLE_ORDER:
             if table in MANY_TABLES:
                 if self.callbacks:
@@ -129,8 +130,9 @@ class ResolvedJob:
         return tomli_w.dumps(self.to_dict())
 
 
-def _dump(model: BaseModel) -> dict[str, Any]:
-    return model.model_dump(mode="json", exclude_none=True)
+def _dump(model: BaseModel) -> JSONObject:
+    dumped: JSONObject = model.model_dump(mode="json", exclude_none=True)
+    return dumped
 
 
 def _problems_from(
@@ -159,9 +161,7 @@ def _describe(item: ErrorDetails, accepted: list[str], also: tuple[str, ...] = (
     return f"{message} (got {item['input']!r})"
 
 
-def _check(
-    model: type[_Table], values: dict[str, Any], table: str, raw: RawJob, problems: list[Problem]
-) -> _Table | None:
+def _check(model: type[_Table], values: Tables, table: str, raw: RawJob, problems: list[Problem]) -> _Table | None:
     try:
         return model.model_validate(values)
     except ValidationError as error:
@@ -180,7 +180,7 @@ def _check(
         return None
 
 
-def _component_table(raw: RawJob, table: str, problems: list[Problem]) -> dict[str, Any] | None:
+def _component_table(raw: RawJob, table: str, problems: list[Problem]) -> Tables | None:
     value = raw.data.get(table, {})
     if not isinstance(value, dict):
         origin = raw.origin(table)
@@ -302,7 +302,7 @@ def resolve(raw: RawJob, host: PluginHost, unchecked: tuple[str, ...] = ()) -> R
             sorted(problems, key=lambda p: (p.file != str(raw.path), given.get(p.file, -1), p.file, p.line or 0))
         )
     # without problems every table was checked: none of these is None
-    tables: dict[str, Any] = {"loader": loader, **host_tables, **chosen, **setups}
+    tables: Tables = {"loader": loader, **host_tables, **chosen, **setups}
     return ResolvedJob(source=raw, sweep=sweep, callbacks=callbacks, metrics=metrics or {}, adapters=adapters, **tables)
 
 
@@ -328,7 +328,7 @@ def choose_adapters(raw: RawJob, host: PluginHost, problems: list[Problem]) -> d
 
 
 def _named_tables(
-    raw: RawJob, host: PluginHost, kind: str, where: str, value: dict[str, Any], problems: list[Problem]
+    raw: RawJob, host: PluginHost, kind: str, where: str, value: Tables, problems: list[Problem]
 ) -> dict[str, tuple[Component, Options]]:
     """``[WHERE.NAME]`` tables (callbacks, adapters): each NAME a registered component of ``kind``,
     its keys that component's options, checked; the problems found are added to ``problems``."""
@@ -550,7 +550,7 @@ def _sweep_parameters(
     return parameters
 
 
-def _flatten_parameters(table: dict[str, Any]) -> dict[str, Any]:
+def _flatten_parameters(table: Tables) -> dict[str, object]:
     """``{"optimizer": {"lr": [...]}}`` (unquoted dotted keys) -> ``{"optimizer.lr": [...]}``;
     a table with ``low`` or ``high`` is a range, not a level of keys."""
     return flat(table, leaf=lambda value: bool({"low", "high"} & value.keys()))

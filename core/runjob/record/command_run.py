@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError
-from runjob.record.local import METRICS_FILE, RUN_RECORD, MetricsWriter, RunRecord, now_ms
+from runjob.host.run_folder import METRICS_FILE
+from runjob.record.local import RUN_RECORD, MetricsWriter, RunRecord, now_ms
 from runjob.record.messages import Point
+
+if TYPE_CHECKING:
+    from runjob.record.mlflow_writer import RunWriter
 
 
 class CommandRun:
@@ -27,7 +31,7 @@ class CommandRun:
     def __init__(self, folder: Path, record: RunRecord) -> None:
         self.folder = Path(folder)
         self.record = record
-        self.writer: Any = None  # its mlflow_writer.RunWriter once MLflow has the run
+        self.writer: RunWriter | None = None  # once MLflow has the run
         self.failure: str | None = None  # what MLflow did not take first, and why
         self.error: BaseException | None = None  # the error that said so
         self._gone = False  # the store gave no answer: later writes are not tried
@@ -85,13 +89,13 @@ class CommandRun:
         record = self.record
         client = connect(uri)
         # each step tried again on its own while the store is busy (not the whole: a second run)
-        self.writer = retried(
+        self.writer = writer = retried(
             lambda: RunWriter.create(client, record.experiment, record.run_name, record.tags, record.start_time),
             "the run's creation",
         )
-        record.run_id = self.writer.run_id
+        record.run_id = writer.run_id
         record.write(self.folder)  # before the params: a failure after this is synced into this run
-        retried(lambda: self.writer.params(record.params), "params")
+        retried(lambda: writer.params(record.params), "params")
 
     @property
     def run_id(self) -> str | None:
@@ -111,13 +115,13 @@ class CommandRun:
         finally:
             writer.close()
         points = [Point(key, float(value), step, stamp) for key, value in metrics.items()]
-        self._send(f"metrics of step {step}", lambda: self.writer.metrics(points))
+        self._send(f"metrics of step {step}", lambda: self._writer.metrics(points))
 
     def set_tags(self, tags: dict[str, str]) -> None:
         tags = {str(k): str(v) for k, v in tags.items()}
         self.record.tags.update(tags)
         self.record.write(self.folder)
-        self._send("tags", lambda: self.writer.tags(tags))
+        self._send("tags", lambda: self._writer.tags(tags))
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Record the file or folder ``path`` (inside the folder) as an artifact; sent again
@@ -125,16 +129,23 @@ class CommandRun:
         relative = str(Path(path).relative_to(self.folder))
         if self.record.add_artifact(relative, artifact_path):
             self.record.write(self.folder)
-        self._send(f"artifact {relative}", lambda: self.writer.artifact(Path(path), artifact_path))
+        self._send(f"artifact {relative}", lambda: self._writer.artifact(Path(path), artifact_path))
 
     def end(self, status: str) -> None:
         """Close the run as FINISHED, FAILED or KILLED, locally, then in MLflow."""
         self.record.status, self.record.end_time = status, now_ms()
         self.record.write(self.folder)
         end_time = self.record.end_time
-        self._send("the run's end", lambda: self.writer.terminate(status, end_time))
+        self._send("the run's end", lambda: self._writer.terminate(status, end_time))
 
-    def _send(self, what: str, call: Callable[[], Any]) -> None:
+    @property
+    def _writer(self) -> RunWriter:
+        """The MLflow run (a write is sent only once it exists: ``_send`` skips it otherwise)."""
+        if self.writer is None:
+            raise RunjobError(f"{self.folder}: MLflow has no run for this record")
+        return self.writer
+
+    def _send(self, what: str, call: Callable[[], object]) -> None:
         """``call`` to MLflow, tried again while the store is busy, unless the store stopped
         answering before; a write that fails every try is noted, not raised."""
         from runjob.record.mlflow_writer import RETRY_DELAYS_S, Retrying

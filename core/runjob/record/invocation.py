@@ -156,7 +156,7 @@ def _is_wrapper(program: Sequence[str], environ: Mapping[str, str], which: Calla
     if name in WRAPPERS:
         return True
     uv = environ.get("UV")  # the uv that started a process under it (uv run), whatever its file is called
-    return bool(uv) and len(program) == 1 and _same_path(program[0], uv, environ, which)
+    return uv is not None and uv != "" and len(program) == 1 and _same_path(program[0], uv, environ, which)
 
 
 def _same_path(word: str, path: str, environ: Mapping[str, str], which: Callable[..., str | None]) -> bool:

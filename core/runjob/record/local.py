@@ -12,9 +12,10 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO, TypedDict
 
 from runjob.errors import RunjobError
 from runjob.host.run_folder import METRICS_FILE, METRICS_PATTERN, RUN_RECORD_FILE
@@ -25,18 +26,28 @@ MAX_PARAM_LENGTH = 6000  # MLflow refuses longer param values
 TRUNCATED = "...(truncated; full value in job.toml)"
 
 
+class MetricLine(TypedDict):
+    """One line of ``metrics.jsonl``:
+    ``{"key": "train/loss", "value": 0.41, "step": 40, "timestamp": 1796221694072}``."""
+
+    key: str
+    value: float
+    step: int
+    timestamp: int
+
+
 def now_ms() -> int:
     """The time as MLflow keeps it: milliseconds since the epoch."""
     return int(time.time() * 1000)
 
 
-def flatten(tables: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def flatten(tables: Mapping[str, object], prefix: str = "") -> dict[str, str]:
     """``{"optimizer": {"lr": 0.1}}`` -> ``{"optimizer.lr": "0.1"}``; lists as JSON, long values cut
     (params as the record keeps them and MLflow takes them)."""
     return {key: _param_text(value) for key, value in flat(tables, prefix=prefix).items()}
 
 
-def _param_text(value: Any) -> str:
+def _param_text(value: object) -> str:
     text = value_text(value)
     if len(text) > MAX_PARAM_LENGTH:  # an MLflow limit; the whole value is in job.toml
         text = text[: MAX_PARAM_LENGTH - len(TRUNCATED)] + TRUNCATED
@@ -138,11 +149,11 @@ class MetricsWriter:
                 self._file = None
 
 
-def read_metric_points(output_dir: Path, pattern: str = METRICS_PATTERN) -> list[dict[str, Any]]:
+def read_metric_points(output_dir: Path, pattern: str = METRICS_PATTERN) -> list[MetricLine]:
     """Every metric point in ``metrics.jsonl`` and the other machines' ``metrics.node<k>.jsonl``
     (``pattern`` chooses the files). A last line cut short by a crash is left out; a bad line
     before it is a one-line error naming the file and line."""
-    points = []
+    points: list[MetricLine] = []
     for path in sorted(Path(output_dir).glob(pattern)):
         lines = path.read_text(encoding="utf-8").splitlines()
         for number, line in enumerate(lines, 1):

@@ -21,8 +21,9 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 from runjob.host.run_folder import LOG_FILE
 
@@ -72,7 +73,7 @@ def _harmless(record: logging.LogRecord) -> bool:
     )
 
 
-def _harmless_warning(message: Any, category: type[Warning]) -> bool:
+def _harmless_warning(message: Warning | str, category: type[Warning]) -> bool:
     text = str(message)
     return any(issubclass(category, kind) and pattern.search(text) for kind, pattern in HARMLESS_WARNINGS)
 
@@ -108,7 +109,7 @@ class LibraryLog:
         self._file: logging.FileHandler | None = None
         self._handler = _Handler(self)
         self._saved: dict[str, tuple[list[logging.Handler], int, bool]] = {}
-        self._showwarning: Any = None
+        self._showwarning: Callable[..., None] | None = None  # warnings.showwarning's, while started
         self._outer: LibraryLog | None = None
 
     def start(self) -> LibraryLog:
@@ -121,7 +122,14 @@ class LibraryLog:
             logger.propagate = False
         self._showwarning = previous = warnings.showwarning
 
-        def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None):
+        def show(
+            message: Warning | str,
+            category: type[Warning],
+            filename: str,
+            lineno: int,
+            file: TextIO | None = None,
+            line: str | None = None,
+        ) -> None:
             text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
             self.keep(logging.LogRecord("warnings", logging.WARNING, filename, lineno, text, None, None))
             if file is not None or not _harmless_warning(message, category):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from functools import cache
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
+
+if TYPE_CHECKING:
+    from runjob.record.local import MetricLine
 
 Recording = Literal["process", "thread"]
 """Where MLflow's half of the record runs: ``process`` (``python -m runjob.record.mirror``, what a
@@ -66,7 +68,7 @@ class Point:
     timestamp: int
 
     @classmethod
-    def of(cls, data: dict[str, Any]) -> Point:
+    def of(cls, data: MetricLine) -> Point:
         """A point from a ``metrics.jsonl`` line's object."""
         return cls(str(data["key"]), float(data["value"]), int(data["step"]), int(data["timestamp"]))
 
@@ -181,7 +183,7 @@ Reply = Started | Refused | ModelWritten | Ended
 
 REPLIES = (Started, Refused, ModelWritten, Ended)
 
-KINDS: dict[str, Any] = {
+KINDS: dict[str, type[Message | Reply]] = {
     cls.kind: cls
     for cls in (Start, Join, Metrics, Tags, Artifact, Input, Model, End, Close, Started, Refused, ModelWritten, Ended)
 }
@@ -189,12 +191,18 @@ KINDS: dict[str, Any] = {
 
 _CONFIG = ConfigDict(ser_json_inf_nan="constants")  # a NaN or infinite metric stays one, not null
 for _cls in (Point, *KINDS.values()):
-    _cls.__pydantic_config__ = _CONFIG  # type: ignore[attr-defined]
+    _cls.__pydantic_config__ = _CONFIG  # type: ignore[union-attr]  # pydantic reads it from a dataclass
 
 
-@cache
-def _adapter(cls: type) -> TypeAdapter[Any]:
-    return TypeAdapter(cls)
+_ADAPTERS: dict[type[Message | Reply], TypeAdapter[Message | Reply]] = {}
+
+
+def _adapter(cls: type[Message | Reply]) -> TypeAdapter[Message | Reply]:
+    """The pydantic adapter of a message class, made once, when first needed."""
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
 
 
 def encode(message: Message | Reply) -> str:

@@ -11,6 +11,7 @@ misses ``runjob sync`` sends later. MLflow is imported only when a run is writte
 
 from __future__ import annotations
 
+import functools
 import math
 import queue
 import re
@@ -20,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast
 
 from runjob.errors import TrackingError, describe
 from runjob.record.invocation import pasteable
@@ -30,13 +31,19 @@ from runjob.record.model_logging import MODEL_FOLDER
 from runjob.record.uri import bound_http_retries
 from runjob.tags import ABANDONED_TAG, DATASET_CONTEXT_TAG, ERROR_TAG, WORKER_FAILURE_TAG
 
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+_T = TypeVar("_T")
+
 PARAMS_PER_CALL = 100  # MLflow's limit for one log_batch's params (and tags)
 METRICS_PER_CALL = 1000  # MLflow's limit for one log_batch's metrics
 MODEL_ARTIFACT = "model"  # a run's logged model's name when none is given (before models were named after their job)
 FINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 
 
-def connect(uri: str | None) -> Any:
+def connect(uri: str | None) -> MlflowClient:
     """An ``MlflowClient`` for ``uri`` (None: MLflow's default), MLflow's HTTP retries bounded
     (``uri.HTTP_DEFAULTS``)."""
     from mlflow import MlflowClient
@@ -45,7 +52,7 @@ def connect(uri: str | None) -> Any:
     return MlflowClient(tracking_uri=uri)
 
 
-def experiment_id(client: Any, name: str) -> str:
+def experiment_id(client: MlflowClient, name: str) -> str:
     """The id of experiment ``name``, created when missing (another process may create it first)."""
     experiment = client.get_experiment_by_name(name)
     if experiment is not None:
@@ -54,36 +61,36 @@ def experiment_id(client: Any, name: str) -> str:
                 f"MLflow experiment {name!r} is deleted; restore it (mlflow experiments restore) or choose another "
                 "tracking.experiment"
             )
-        return experiment.experiment_id
+        return str(experiment.experiment_id)
     try:
         return client.create_experiment(name)
     except Exception:  # noqa: BLE001 - lost a race with another process: read theirs
         experiment = client.get_experiment_by_name(name)
         if experiment is None:
             raise
-        return experiment.experiment_id
+        return str(experiment.experiment_id)
 
 
 class RunWriter:
     """One MLflow run, written: every call a run's record makes, with MLflow's limits kept."""
 
-    def __init__(self, client: Any, run_id: str) -> None:
+    def __init__(self, client: MlflowClient, run_id: str) -> None:
         self.client = client
         self.run_id = run_id
 
     @classmethod
     def create(
-        cls, client: Any, experiment: str, run_name: str, tags: dict[str, str], start_time: int | None = None
+        cls, client: MlflowClient, experiment: str, run_name: str, tags: dict[str, str], start_time: int | None = None
     ) -> RunWriter:
         """A new run in experiment ``experiment`` (created when missing), with ``tags``."""
         run = client.create_run(experiment_id(client, experiment), start_time=start_time, tags=tags, run_name=run_name)
-        return cls(client, run.info.run_id)
+        return cls(client, str(run.info.run_id))
 
     def experiment_id(self) -> str:
-        return self.client.get_run(self.run_id).info.experiment_id
+        return str(self.client.get_run(self.run_id).info.experiment_id)
 
     def status(self) -> str:
-        return self.client.get_run(self.run_id).info.status
+        return str(self.client.get_run(self.run_id).info.status)
 
     def reopen(self) -> None:
         """A resumed run: RUNNING again."""
@@ -114,7 +121,7 @@ class RunWriter:
             self.client.log_batch(self.run_id, metrics=items[first : first + METRICS_PER_CALL])
         return len(items)
 
-    def inputs(self, entries: list[dict[str, Any]]) -> None:
+    def inputs(self, entries: list[dict[str, str]]) -> None:
         log_inputs(self.client, self.run_id, entries)
 
     def artifact(self, path: Path, artifact_path: str | None) -> None:
@@ -127,7 +134,7 @@ class RunWriter:
         """The ``points`` this run does not have, in their order: a point is the same one when its
         key, step, timestamp and value are."""
 
-        def same(p: Any) -> tuple[str, int, int, float | str]:
+        def same(p: Point | Metric) -> tuple[str, int, int, float | str]:
             value = float(p.value)
             return p.key, int(p.step), int(p.timestamp), "nan" if math.isnan(value) else value
 
@@ -152,7 +159,7 @@ class RunWriter:
             self.inputs(record.inputs)
         local = headline_first(read_metric_points(output_dir), headline_metrics(record.params, record.tags))
         metrics = self.metrics(self.missing_points([Point.of(p) for p in local]))
-        artifacts = [a for a in record.artifacts if (output_dir / a["path"]).exists()]
+        artifacts = [a for a in record.artifacts if (output_dir / str(a["path"])).exists()]
         if catching_up:
             artifacts = [a for a in artifacts if a["path"] != MODEL_FOLDER]
         for artifact in artifacts:
@@ -160,14 +167,14 @@ class RunWriter:
         return {"params": params, "tags": tags, "metrics": metrics, "artifacts": len(artifacts)}
 
 
-def metric_entities(points: Iterable[Point]) -> list[Any]:
+def metric_entities(points: Iterable[Point]) -> list[Metric]:
     """MLflow ``Metric``\\ s of ``points``."""
     from mlflow.entities import Metric
 
     return [Metric(p.key, float(p.value), int(p.timestamp), int(p.step)) for p in points]
 
 
-def upload_artifact(client: Any, run_id: str, path: Path, artifact_path: str | None) -> None:
+def upload_artifact(client: MlflowClient, run_id: str, path: Path, artifact_path: str | None) -> None:
     """Upload a file or a folder's contents as an artifact of ``run_id``; the run's MLflow model
     folder (``mlflow_model``) becomes the run's logged model instead, named ``artifact_path``
     (:func:`log_logged_model`)."""
@@ -180,7 +187,7 @@ def upload_artifact(client: Any, run_id: str, path: Path, artifact_path: str | N
         client.log_artifact(run_id, str(path), artifact_path)
 
 
-def log_logged_model(client: Any, run_id: str, folder: Path, name: str = MODEL_ARTIFACT) -> str:
+def log_logged_model(client: MlflowClient, run_id: str, folder: Path, name: str = MODEL_ARTIFACT) -> str:
     """The MLflow model in ``folder`` as a logged model called ``name`` (the job's name) of
     ``run_id``: MLflow 3 lists it under the run's models (and the experiment's Models tab), and
     ``runs:/ID/<name>`` loads it. Its files are stored once, in the model's own artifact location.
@@ -202,7 +209,7 @@ def log_logged_model(client: Any, run_id: str, folder: Path, name: str = MODEL_A
     return model.model_id
 
 
-def log_inputs(client: Any, run_id: str, entries: list[dict[str, Any]]) -> None:
+def log_inputs(client: MlflowClient, run_id: str, entries: list[dict[str, str]]) -> None:
     """Log recorded dataset lineage entries as MLflow dataset inputs."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
@@ -280,11 +287,13 @@ class Retrying:
     """MLflow writes tried again after :data:`RETRY_DELAYS_S` when they fail, each retry noted in the
     run's ``runjob.log``; ``retried`` counts the writes that needed another try."""
 
-    def __init__(self, delays: tuple[float, ...] = RETRY_DELAYS_S, sleep: Callable[[float], Any] = time.sleep) -> None:
+    def __init__(
+        self, delays: tuple[float, ...] = RETRY_DELAYS_S, sleep: Callable[[float], object] = time.sleep
+    ) -> None:
         self.delays, self.sleep = delays, sleep
         self.retried = 0
 
-    def write(self, call: Callable[[], Any], what: str) -> Write:
+    def write(self, call: Callable[[], object], what: str) -> Write:
         """Call ``call`` until it succeeds or its tries are spent; never raises an ``Exception``."""
         from runjob.record.logfile import note
 
@@ -310,10 +319,10 @@ class Retrying:
         return outcome
 
 
-def retried(call: Callable[[], Any], what: str, retrying: Retrying | None = None) -> Any:
+def retried(call: Callable[[], _T], what: str, retrying: Retrying | None = None) -> _T:
     """``call()``'s result, tried again as :class:`Retrying` does; its last error raised when every
     try failed (a run's creation at its start, where there is no record in MLflow to go on with)."""
-    result: list[Any] = [None]
+    result: list[_T | None] = [None]
 
     def attempt() -> None:
         result[0] = call()
@@ -321,10 +330,22 @@ def retried(call: Callable[[], Any], what: str, retrying: Retrying | None = None
     outcome = (retrying or Retrying()).write(attempt, what)
     if outcome.exception is not None and outcome.error is not None:
         raise outcome.exception
-    return result[0]
+    return cast("_T", result[0])  # set: the write succeeded (or was taken as done)
 
 
-class Uploader:
+_P = TypeVar("_P")
+r"""What an :class:`Uploader` batches: the points its ``send_metrics`` takes (the recording process
+sends ``messages.Point``\ s, converted to MLflow's ``Metric`` in its ``send_metrics``)."""
+
+_Queued = (
+    tuple[Literal["call"], "Callable[[], object]", str]
+    | tuple[Literal["metrics"], list[_P], str]
+    | tuple[Literal["close"], None, str]
+)
+"""An :class:`Uploader`'s queued item: a call, metric points to batch, or the end; what it is for."""
+
+
+class Uploader(Generic[_P]):
     """One background thread that sends queued MLflow calls in order. Metric points waiting in the
     queue are sent together, in one ``log_batch`` of up to 1,000, at most once every
     ``METRICS_INTERVAL_S`` (logging every step then costs one call a second, not one a step).
@@ -338,7 +359,7 @@ class Uploader:
     METRICS_INTERVAL_S = 1.0
     METRICS_PER_CALL = METRICS_PER_CALL
 
-    def __init__(self, send_metrics: Callable[[list[Any]], Any], retrying: Retrying | None = None) -> None:
+    def __init__(self, send_metrics: Callable[[list[_P]], object], retrying: Retrying | None = None) -> None:
         self.failure: str | None = None
         self.failed_at: str | None = None
         self.missed: list[str] = []
@@ -347,18 +368,18 @@ class Uploader:
         self._failed_in_a_row = 0
         self._send_metrics = send_metrics
         self._last_metrics_sent = 0.0
-        self._calls: queue.Queue = queue.Queue()
+        self._calls: queue.Queue[_Queued[_P]] = queue.Queue()
         self._thread = threading.Thread(target=self._send, name="runjob-mlflow-upload", daemon=True)
         self._thread.start()
 
-    def submit(self, call: Callable[[], Any], what: str) -> None:
+    def submit(self, call: Callable[[], object], what: str) -> None:
         self._calls.put(("call", call, what))
 
-    def submit_metrics(self, metrics: list[Any], step: int) -> None:
+    def submit_metrics(self, metrics: list[_P], step: int) -> None:
         self._calls.put(("metrics", metrics, f"metrics of step {step}"))
 
     def _send(self) -> None:
-        pending: list[tuple[str, Any, str]] = []
+        pending: list[_Queued[_P]] = []
         while True:
             if not pending:
                 pending.append(self._calls.get())
@@ -370,29 +391,35 @@ class Uploader:
                     except queue.Empty:
                         break
             pending.extend(self._drain())
-            kind, payload, what = pending.pop(0)
-            if kind == "close":
+            item = pending.pop(0)
+            if item[0] == "close":
                 return
-            if kind == "metrics":
-                while pending and pending[0][0] == "metrics" and len(payload) < self.METRICS_PER_CALL:
-                    _, more, what = pending.pop(0)
-                    payload = payload + more
-                self._attempt(lambda payload=payload: self._send_metrics(payload[: self.METRICS_PER_CALL]), what)
-                if len(payload) > self.METRICS_PER_CALL:
-                    pending.insert(0, ("metrics", payload[self.METRICS_PER_CALL :], what))
+            if item[0] == "metrics":
+                _, points, what = item
+                while pending and len(points) < self.METRICS_PER_CALL:
+                    following = pending[0]
+                    if following[0] != "metrics":
+                        break
+                    pending.pop(0)
+                    _, more, what = following
+                    points = points + more
+                sent = points[: self.METRICS_PER_CALL]
+                self._attempt(functools.partial(self._send_metrics, sent), what)
+                if len(points) > self.METRICS_PER_CALL:
+                    pending.insert(0, ("metrics", points[self.METRICS_PER_CALL :], what))
                 self._last_metrics_sent = time.monotonic()
             else:
-                self._attempt(payload, what)
+                self._attempt(item[1], item[2])
 
-    def _drain(self) -> list[tuple[str, Any, str]]:
-        items = []
+    def _drain(self) -> list[_Queued[_P]]:
+        items: list[_Queued[_P]] = []
         while True:
             try:
                 items.append(self._calls.get_nowait())
             except queue.Empty:
                 return items
 
-    def _closing(self, pending: list[tuple[str, Any, str]]) -> bool:
+    def _closing(self, pending: list[_Queued[_P]]) -> bool:
         return any(kind == "close" for kind, _, _ in pending) or any(
             item[0] == "close" for item in list(self._calls.queue)
         )
@@ -402,7 +429,7 @@ class Uploader:
         """How many calls needed more than one try."""
         return self.retrying.retried
 
-    def _attempt(self, call: Callable[[], Any], what: str) -> None:
+    def _attempt(self, call: Callable[[], object], what: str) -> None:
         if self.stopped:
             self.missed.append(what)
             return

@@ -13,20 +13,26 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runjob.errors import TrainingError, first_line
 from runjob.host.plugin_host import LOCAL_DISTRIBUTION  # a -p plugin: no distribution to require
 from runjob.host.run_folder import MLFLOW_MODEL_DIR
 
+if TYPE_CHECKING:
+    import torch
+
+    from runjob.host.plugin_host import PluginHost
+    from runjob.job.validation import ResolvedJob
+
 MODEL_FOLDER = MLFLOW_MODEL_DIR
 
 
 def save_mlflow_model(
-    job: Any,
+    job: ResolvedJob,
     output_dir: Path,
     example: Any,
-    host: Any = None,
+    host: PluginHost | None = None,
     prediction: dict[str, Any] | None = None,
     notes: list[str] | None = None,
 ) -> Path:
@@ -117,7 +123,7 @@ def _installed(distribution: str) -> bool:
     return True
 
 
-def model_requirements(model: Any) -> list[str]:
+def model_requirements(model: torch.nn.Module) -> list[str]:
     """The pip requirements of ``model``: torch, and the distribution whose package defines the
     model's class (the package that provides the model, whichever plugin registered it), each
     pinned to the installed version without a local build tag (``2.6.0``, not ``2.6.0+cu124``)."""

@@ -15,7 +15,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runjob.job.jobfile import parse_override_value, split_dotted
 from runjob.job.redaction import redact_override, redact_tables
@@ -23,7 +23,9 @@ from runjob.record.local import flatten
 from runjob.tags import METRICS_TAG
 
 if TYPE_CHECKING:
+    from runjob.job.jobfile import Tables
     from runjob.job.validation import ResolvedJob
+    from runjob.record.local import MetricLine
 
 NAME_LIMIT = 100  # characters; a longer default name is cut, its start kept
 SEPARATOR = " · "
@@ -92,7 +94,7 @@ def short_value(text: str) -> str:
     return _shown(parse_override_value(text))
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
@@ -115,7 +117,7 @@ def recorded_params(job: ResolvedJob) -> dict[str, str]:
     return flatten(job_params(redact_tables(job.to_dict()), defaults))
 
 
-def job_params(tables: dict[str, Any], default_callbacks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def job_params(tables: Tables, default_callbacks: dict[str, Tables]) -> Tables:
     """``tables`` (the resolved job, secrets hidden) without what nobody set: the options of the
     callbacks on by default that are at their defaults (``default_callbacks``: name -> default
     options), ``callbacks.throughput.enabled = true`` and the like. A default callback switched off, or
@@ -149,7 +151,7 @@ def headline_metrics(params: dict[str, str], tags: dict[str, str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def headline_first(points: list[dict[str, Any]], headline: list[str]) -> list[dict[str, Any]]:
+def headline_first(points: list[MetricLine], headline: list[str]) -> list[MetricLine]:
     """Metric points with the headline metrics' points first (in ``headline``'s order), the others
     after them in the order they came: MLflow lists a run's metrics in the order their keys
     first reached it."""
@@ -168,9 +170,9 @@ class HeadlineFirst:
         self.headline = headline
         self._clock = clock
         self._until = clock() + self.WAIT_S
-        self._held: list[dict[str, Any]] | None = [] if headline else None
+        self._held: list[MetricLine] | None = [] if headline else None
 
-    def take(self, points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def take(self, points: list[MetricLine]) -> list[MetricLine]:
         """The points to send now: ``points`` themselves once nothing is held; else none until a
         headline point comes or the wait is over, then every point held."""
         if self._held is None:
@@ -180,7 +182,7 @@ class HeadlineFirst:
             return self.release()
         return []
 
-    def release(self) -> list[dict[str, Any]]:
+    def release(self) -> list[MetricLine]:
         """Every point held, headline first; nothing is held after this."""
         held, self._held = self._held or [], None
         return headline_first(held, self.headline)

@@ -21,24 +21,36 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runjob.errors import DataError, RunjobError, describe, first_line
-from runjob.host.components import Inputs
+from runjob.host.components import Batch, Collate, Component, DataFacts, Inputs, Sample
+from runjob.host.json_types import JSONObject, JSONValue
 from runjob.host.plain_data import as_json, check_plain, round_trip
 from runjob.host.run_folder import PREDICTOR_FILE, PREDICTOR_INPUTS_DIR, RunFolder
 from runjob.host.task import Task, generates
 
+if TYPE_CHECKING:
+    import torch
+
+    from runjob.host.plugin_host import PluginHost
+    from runjob.job.validation import Chosen
+
 GENERATION_DEFAULTS = {"max_new_tokens": 100, "temperature": 0.0, "seed": 0}
 """A language model's continuation settings when none are given (``runjob predict``'s defaults)."""
 
-FORMAT = 1
+FORMAT: Literal[1] = 1
 """The version of ``predictor.json``'s layout."""
 TRUST_PICKLE_FLAG = "--trust-pickle"
+
+
+ColumnType = Literal["boolean", "long", "double", "string"]
+"""The type of a prediction row's column, as an MLflow signature names it."""
 
 
 class _SavedInputs(BaseModel):
@@ -48,7 +60,7 @@ class _SavedInputs(BaseModel):
     """The name the plugin registered the class under (``runjob_register_inputs``)."""
     plugin: str = Field(min_length=1)
     """The plugin that registered it (its entry-point name)."""
-    data: dict[str, Any]
+    data: JSONObject
     """What :meth:`runjob.Inputs.to_data` gave."""
 
 
@@ -59,11 +71,11 @@ class _SavedPredictor(BaseModel):
 
     format: Literal[1]
     inputs: _SavedInputs
-    task: dict[str, Any] = {}
+    task: JSONObject = {}
     """What :meth:`runjob.Task.to_data` gave."""
     classes: list[str] | None = None
     context: int | None = Field(None, ge=1)
-    outputs: dict[str, Literal["boolean", "long", "double", "string"]] | None = None
+    outputs: dict[str, ColumnType] | None = None
 
 
 @dataclass
@@ -71,25 +83,25 @@ class Predictor:
     """The task, the dataset's inputs (``None``: the model's input tensors are taken as they are),
     the class names, and the number of tokens a generating model was trained on."""
 
-    task: Any
-    inputs: Any
+    task: Task
+    inputs: Any  # an Inputs, an older dataset's decoder (``decodes``, ``decode``), or None
     classes: list[str] | None
     context: int | None
-    output_columns: dict[str, str] | None = None
+    output_columns: dict[str, ColumnType] | None = None
     """The columns and types of a prediction row (without ``input``), for the MLflow signature."""
-    collate: Any = None
+    collate: Collate | None = None
     """How encoded inputs are batched: the dataset's ``DatasetSplits.collate`` when the dataset was
     built for this prediction, else (``None``) the inputs' :meth:`runjob.Inputs.collate`."""
 
     def rows(
         self,
-        model: Any,
+        model: torch.nn.Module,
         items: Any,
         batch_size: int = 64,
         source: str = "the inputs",
         what: str = "the model",
-        **generation: Any,
-    ) -> list[dict[str, Any]]:
+        **generation: Any,  # the continuation settings (GENERATION_DEFAULTS' keys), as the caller gives them
+    ) -> list[JSONObject]:
         """One row per ``(name, input)`` item: a language model's continuation, or the task's
         prediction columns; ``what`` names the model in an error."""
         if generates(self.task):
@@ -108,7 +120,7 @@ class PredictorError(RunjobError):
     what would be right (exit code 2)."""
 
 
-def registered_inputs(host: Any, inputs: Inputs) -> Any:
+def registered_inputs(host: PluginHost, inputs: Inputs) -> Component | None:
     """The component a plugin registered ``inputs``'s class as (``runjob_register_inputs``), or ``None``."""
     for owners in host.registrations.get("inputs", {}).values():
         for component in owners:
@@ -117,7 +129,9 @@ def registered_inputs(host: Any, inputs: Inputs) -> Any:
     return None
 
 
-def save_predictor(predictor: Predictor, output_dir: Path, host: Any, task_table: Any, facts: Any) -> Path:
+def save_predictor(
+    predictor: Predictor, output_dir: Path, host: PluginHost, task_table: Chosen, facts: DataFacts | None
+) -> Path:
     """Write ``predictor`` into ``output_dir/predictor/`` as data, written whole or not at all.
     Raises ``ValueError`` saying, in one line, why it cannot be kept as data: its inputs' class is
     not registered, or does not survive :func:`runjob.host.plain_data.round_trip`; the task's state
@@ -168,11 +182,9 @@ def save_predictor(predictor: Predictor, output_dir: Path, host: Any, task_table
     return folder / PREDICTOR_FILE
 
 
-def rebuild_task(task_table: Any, facts: Any, data: dict[str, Any]) -> Task:
+def rebuild_task(task_table: Chosen, facts: DataFacts | None, data: JSONObject) -> Task:
     """The job's task built by its factory from its ``[task]`` options and the run's facts, with
     what :meth:`runjob.Task.to_data` kept handed back (:meth:`runjob.Task.restore`)."""
-    from runjob.host.components import DataFacts
-
     task = task_table.component.factory(task_table.options, facts if facts is not None else DataFacts())
     if not isinstance(task, Task):
         raise TypeError(
@@ -189,7 +201,7 @@ def saved_any(folder: Path) -> bool:
     return (paths.predictor_dir / PREDICTOR_FILE).is_file() or paths.pickled_predictor_file.is_file()
 
 
-def load_predictor(folder: Path, host: Any, task_table: Any, trust_pickle: bool = False) -> Predictor | None:
+def load_predictor(folder: Path, host: PluginHost, task_table: Chosen, trust_pickle: bool = False) -> Predictor | None:
     """The predictor run folder ``folder`` saved (``predictor/``), rebuilt by the installed plugins:
     the inputs' class found by its registered name, the task by ``task_table`` (the job's
     ``[task]``) and the run's ``data_facts.json``. ``None`` when the run saved none. A damaged or
@@ -228,7 +240,7 @@ def _read_saved(path: Path) -> _SavedPredictor:
         raise PredictorError(f"{path}: {key}{shown}: {problem['msg']}; the file is damaged or not runjob's") from None
 
 
-def _facts(folder: Path) -> Any:
+def _facts(folder: Path) -> DataFacts | None:
     from runjob.host.model_build import read_facts
 
     try:
@@ -237,7 +249,7 @@ def _facts(folder: Path) -> Any:
         raise PredictorError(f"{RunFolder(folder).data_facts}: {first_line(error)}") from None
 
 
-def _rebuild_inputs(host: Any, saved: _SavedInputs, path: Path) -> Inputs:
+def _rebuild_inputs(host: PluginHost, saved: _SavedInputs, path: Path) -> Inputs:
     from runjob.host.plugin_host import ComponentLookupError
 
     loaded = any(info.name == saved.plugin for info in host.plugins)
@@ -249,6 +261,8 @@ def _rebuild_inputs(host: Any, saved: _SavedInputs, path: Path) -> Inputs:
             "the plugin that made the run"
         ) from None
     cls = component.factory
+    if not (isinstance(cls, type) and issubclass(cls, Inputs)):  # runjob_register_inputs takes Inputs classes
+        raise PredictorError(f"{path}: inputs.name = {json.dumps(saved.name)} (plugin {saved.plugin}) is not an Inputs")
     try:
         inputs = cls.from_data(saved.data, path.parent / PREDICTOR_INPUTS_DIR)
     except Exception as error:  # noqa: BLE001 - a plugin's from_data given data it refuses: one line, exit 2
@@ -283,7 +297,7 @@ def _unpickle(path: Path) -> Predictor:
     return predictor
 
 
-def collate(batch: list[Any], padder: str = "a DatasetSplits.collate") -> Any:
+def collate(batch: list[Sample], padder: str = "a DatasetSplits.collate") -> Batch:
     """torch's default collation (tensors stacked; dicts, tuples and lists of them alike), with a
     one-line :class:`runjob.DataError` when inputs differ in shape (``padder``: what would pad them)."""
     from torch.utils.data import default_collate
@@ -302,24 +316,24 @@ def collate(batch: list[Any], padder: str = "a DatasetSplits.collate") -> Any:
 class _InputsBatches:
     """Encoded inputs batched by their :meth:`runjob.Inputs.collate`, or stacked where it gives ``None``."""
 
-    def __init__(self, inputs: Any) -> None:
+    def __init__(self, inputs: Inputs) -> None:
         self.inputs = inputs
 
-    def __call__(self, samples: list[Any]) -> Any:
+    def __call__(self, samples: list[Sample]) -> Batch:
         batch = self.inputs.collate(samples)
         return collate(samples, f"{type(self.inputs).__qualname__} a collate method") if batch is None else batch
 
 
 def prediction_rows(
-    model: Any,
-    task: Any,
+    model: torch.nn.Module,
+    task: Task,
     classes: list[str] | None,
-    items: Any,
+    items: Any,  # (name, input) items: a plugin's dataset
     batch_size: int,
     source: str,
     what: str = "the model",
-    collate_inputs: Any = None,
-) -> list[dict[str, Any]]:
+    collate_inputs: Collate | None = None,
+) -> list[JSONObject]:
     """One row per item: its name (``input``) and the task's prediction columns, batch by batch.
     An item's input is one sample of the model's inputs (a tensor, a dict of tensors): batches of
     them (``collate_inputs``, the dataset's collate, or stacking) go to the model through the task
@@ -328,7 +342,7 @@ def prediction_rows(
     from torch.utils.data import DataLoader
 
     device = next(model.parameters()).device
-    rows: list[dict[str, Any]] = []
+    rows: list[JSONObject] = []
     batches = _NamedBatches(collate_inputs) if collate_inputs is not None else collate
     with torch.no_grad():
         for names, batch in DataLoader(items, batch_size=batch_size, collate_fn=batches):
@@ -349,14 +363,14 @@ def prediction_rows(
 class _NamedBatches:
     """``(name, input)`` items as a list of names and the inputs collated by the dataset's collate."""
 
-    def __init__(self, collate_inputs: Any) -> None:
+    def __init__(self, collate_inputs: Collate) -> None:
         self.collate_inputs = collate_inputs
 
-    def __call__(self, items: list[tuple[str, Any]]) -> tuple[list[str], Any]:
+    def __call__(self, items: list[tuple[str, Sample]]) -> tuple[list[str], Batch]:
         return [name for name, _ in items], self.collate_inputs([value for _, value in items])
 
 
-def to_device(inputs: Any, device: Any) -> Any:
+def to_device(inputs: Batch, device: torch.device) -> Batch:
     """Every tensor of ``inputs`` (a tensor, or dicts, tuples and lists of them) on ``device``."""
     import torch
     from torch.utils import _pytree as pytree  # torch's own nested-container walk, as torch.export uses
@@ -364,14 +378,14 @@ def to_device(inputs: Any, device: Any) -> Any:
     return pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, inputs)
 
 
-def shapes(inputs: Any) -> str:
+def shapes(inputs: object) -> str:
     """The shapes in ``inputs``, for messages: ``(8, 3)`` or ``{'x': (8, 2), 'z': (8, 1)}``."""
     from torch.utils import _pytree as pytree
 
     return str(pytree.tree_map(lambda x: tuple(x.shape) if hasattr(x, "shape") else type(x).__name__, inputs))
 
 
-def samples_of(inputs: Any) -> list[Any]:
+def samples_of(inputs: Batch) -> list[Sample]:
     """A batch of model inputs (a tensor, a dict of tensors...) as one input per sample, each shaped
     as :meth:`runjob.Inputs.encode` gives it: collating them gives the batch back."""
     from torch.utils import _pytree as pytree
@@ -381,11 +395,11 @@ def samples_of(inputs: Any) -> list[Any]:
     return [pytree.tree_unflatten([leaf[i] for leaf in leaves], spec) for i in range(count)]
 
 
-def columns_of(predicted: dict[str, Any], classes: list[str] | None) -> dict[str, list[Any]]:
+def columns_of(predicted: dict[str, torch.Tensor], classes: list[str] | None) -> dict[str, list[JSONValue]]:
     """Per-sample tensors as lists of plain values: a ``(batch, k)`` tensor as k columns
     ``name_0 ...``; ``class`` indices (one a sample, or one a position: ``class_0 ...``) as the
     dataset's class names when it has them."""
-    columns: dict[str, list[Any]] = {}
+    columns: dict[str, list[JSONValue]] = {}
     for name, tensor in predicted.items():
         values = tensor.detach().float().cpu() if tensor.is_floating_point() else tensor.detach().cpu()
         named = classes is not None and name == "class" and not values.is_floating_point()
@@ -400,8 +414,15 @@ def columns_of(predicted: dict[str, Any], classes: list[str] | None) -> dict[str
 
 
 def continuation_rows(
-    model: Any, task: Any, decode: Any, items: Any, context: int, max_new_tokens: int, temperature: float, seed: int
-) -> list[dict[str, Any]]:
+    model: torch.nn.Module,
+    task: Any,  # a runjob.Generating task, or (deprecated) one that only defines generate
+    decode: Callable[[list[int]], str] | None,
+    items: Any,  # (name, prompt tokens) items: a plugin's dataset
+    context: int,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int,
+) -> list[JSONObject]:
     """One row per prompt: its name and the model's continuation (text when the dataset can decode
     its tokens, else the token ids). One generator for all prompts, seeded once, as ``runjob
     predict --seed`` draws."""
@@ -409,7 +430,7 @@ def continuation_rows(
 
     device = next(model.parameters()).device
     generator = torch.Generator().manual_seed(int(seed))
-    rows = []
+    rows: list[JSONObject] = []
     for index in range(len(items)):
         name, tokens = items[index]
         new = task.generate(model, tokens[None].to(device), int(max_new_tokens), context, float(temperature), generator)
@@ -418,10 +439,10 @@ def continuation_rows(
     return rows
 
 
-def column_types(rows: list[dict[str, Any]]) -> dict[str, str]:
+def column_types(rows: list[JSONObject]) -> dict[str, ColumnType]:
     """The MLflow type of each column of prediction rows (``input`` left out): ``long``, ``double``,
     ``string``, or ``string`` for a list of token ids written as JSON by the caller."""
-    types: dict[str, str] = {}
+    types: dict[str, ColumnType] = {}
     for row in rows[:1]:
         for name, value in row.items():
             if name == "input":

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runjob.job.redaction import redact_tables
 from runjob.record.local import flatten
 from runjob.tags import GIT_BRANCH_TAG, GIT_COMMIT_TAG, GIT_DIRTY_TAG, GIT_REPO_URL_TAG
 
+if TYPE_CHECKING:
+    from runjob.host.components import DatasetSplits
+    from runjob.job.validation import ResolvedJob
 
-def job_sources(job: Any) -> dict[str, dict[str, Any]]:
+
+def job_sources(job: ResolvedJob) -> dict[str, dict[str, Any]]:
     """For every dotted key of the resolved job: its value (secrets hidden) and where it came from:
     ``{"from": "job file" | "extends" | "--set" | "default", "file": ..., "line": ...}``."""
     main_file = str(job.source.path)
@@ -29,7 +33,7 @@ def job_sources(job: Any) -> dict[str, dict[str, Any]]:
     return sources
 
 
-def _name_local_plugins(job: Any, sources: dict[str, dict[str, Any]]) -> None:
+def _name_local_plugins(job: ResolvedJob, sources: dict[str, dict[str, Any]]) -> None:
     """Each key of a table whose component a local plugin (``-p``) provided says so: ``"plugin":
     "NAME (local /path/to/file.py)"``, the code that is not in any installed package."""
     from runjob.host.plugin_host import LOCAL_FACT
@@ -75,7 +79,7 @@ def git_tags(job_file: Path) -> dict[str, str]:
     return tags
 
 
-def dataset_lineage(job: Any, splits: Any) -> dict[str, str]:
+def dataset_lineage(job: ResolvedJob, splits: DatasetSplits) -> dict[str, str]:
     """The dataset as an MLflow input: name, digest, source and a small profile. A plugin's own
     ``source``/``digest`` win; otherwise the digest fingerprints the dataset's options and sizes."""
     import hashlib
@@ -83,12 +87,14 @@ def dataset_lineage(job: Any, splits: Any) -> dict[str, str]:
 
     from runjob.host.components import DatasetSplits
 
-    assert isinstance(splits, DatasetSplits)
+    assert isinstance(splits, DatasetSplits)  # a plugin's object reached here as one
     options = job.to_dict()["dataset"]
     sizes = {"train_samples": len(splits.train), "val_samples": len(splits.val), "num_classes": splits.num_classes}
     digest = splits.digest or hashlib.sha256(json.dumps([options, sizes], sort_keys=True).encode()).hexdigest()[:16]
-    root = options.get("root")
-    source = splits.source or (str(Path(root).resolve()) if root else f"runjob:{job.dataset.name}")
+    root = options.get("root") if isinstance(options, dict) else None
+    source = splits.source or (
+        str(Path(root).resolve()) if isinstance(root, str) and root else f"runjob:{job.dataset.name}"
+    )
     kind = "local" if source.startswith("/") else ("http" if source.startswith(("http://", "https://")) else "code")
     return {
         "name": job.dataset.name,

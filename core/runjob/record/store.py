@@ -8,13 +8,17 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError, TrackingError, describe
 from runjob.host.run_folder import JOB_FILE, WEIGHTS_FILE
 
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Experiment, Run
 
-def open_store(uri: str):
+
+def open_store(uri: str) -> MlflowClient:
     """An ``MlflowClient`` for ``uri``; a sqlite file that does not exist is an error (MLflow would
     silently create an empty one, and every query would then find nothing)."""
     from mlflow import MlflowClient
@@ -43,7 +47,7 @@ def reading(uri: str) -> Iterator[None]:
         raise TrackingError(f"cannot read from MLflow at {uri}: {describe(error)}") from None
 
 
-def get_run(client: Any, uri: str, run_id: str) -> Any:
+def get_run(client: MlflowClient, uri: str, run_id: str) -> Run:
     """The run ``run_id``; an unknown id is a one-line error."""
     from mlflow.exceptions import MlflowException
 
@@ -55,8 +59,9 @@ def get_run(client: Any, uri: str, run_id: str) -> Any:
         raise
 
 
-def all_experiments(client: Any) -> list[Any]:
-    experiments, token = [], None
+def all_experiments(client: MlflowClient) -> list[Experiment]:
+    experiments: list[Experiment] = []
+    token: str | None = None
     while True:
         page = client.search_experiments(page_token=token)
         experiments.extend(page)
@@ -80,7 +85,7 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[name] = old
 
 
-def download_artifact(uri: str, run_id: str, name: str, folder: Path) -> Path | None:
+def download_artifact(uri: str | None, run_id: str, name: str, folder: Path) -> Path | None:
     """Download artifact ``name`` (a file or folder) of run ``run_id`` into ``folder``, without
     MLflow's progress bar; ``None`` when the run or the artifact does not exist. Any other failure
     to read from MLflow is a one-line TrackingError naming the store."""
@@ -115,7 +120,7 @@ LOGGED_MODEL_WEIGHTS = "data/run"
 """Where runjob's MLflow model keeps the final weights (``runjob.record.trained_model``)."""
 
 
-def _logged_model_weights(uri: str, run_id: str, folder: Path) -> Path | None:
+def _logged_model_weights(uri: str | None, run_id: str, folder: Path) -> Path | None:
     """The final weights of a run whose logged model holds them (``tracking.log_model =
     "weights"``: stored there once, not also as the run's own ``model.safetensors``)."""
     from mlflow import MlflowClient
@@ -127,12 +132,12 @@ def _logged_model_weights(uri: str, run_id: str, folder: Path) -> Path | None:
     found = client.search_logged_models([run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'")
     # named after the job (its param job.name); "model" in runs recorded before that
     names = [name for name in (run.data.params.get("job.name"), "model") if name]
-    found = sorted((m for m in found if m.name in names), key=lambda m: names.index(m.name))
-    if not found:
+    named = sorted((m for m in found if m.name in names), key=lambda m: names.index(m.name))
+    if not named:
         return None
     # data/run/ in runjob's model; artifacts/ in one logged before the model held data only
     for place in (LOGGED_MODEL_WEIGHTS, "artifacts"):
-        location = f"{found[0].artifact_location.rstrip('/')}/{place}/{FINAL_WEIGHTS}"
+        location = f"{named[0].artifact_location.rstrip('/')}/{place}/{FINAL_WEIGHTS}"
         try:
             return Path(download_artifacts(artifact_uri=location, tracking_uri=uri, dst_path=str(folder)))
         except (MlflowException, OSError) as error:

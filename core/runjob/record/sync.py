@@ -10,15 +10,18 @@ param or tag. The writing itself is :class:`runjob.record.mlflow_writer.RunWrite
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError, first_line
 from runjob.record.invocation import pasteable
 from runjob.record.local import RunRecord, now_ms
 from runjob.record.mlflow_writer import FINAL_STATUSES, RunWriter, connect
 
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
-def sync_record(output_dir: Path, record: RunRecord, uri: str) -> dict[str, Any]:
+
+def sync_record(output_dir: Path, record: RunRecord, uri: str) -> dict[str, str | int | None]:
     """Upload ``record`` to the MLflow at ``uri``; returns what was sent."""
     client = connect(uri)
     writer = _run_on_server(client, record, uri, output_dir)
@@ -38,7 +41,7 @@ def sync_record(output_dir: Path, record: RunRecord, uri: str) -> dict[str, Any]
     return {"run_id": writer.run_id, **sent, "status": record.status}
 
 
-def _run_on_server(client: Any, record: RunRecord, uri: str, output_dir: Path) -> RunWriter:
+def _run_on_server(client: MlflowClient, record: RunRecord, uri: str, output_dir: Path) -> RunWriter:
     """The run to upload into: the recorded one when it is on this server, else a new one (an
     offline run, or a copy to another server), remembered in the record so repeats reuse it."""
     from mlflow.exceptions import MlflowException
@@ -46,7 +49,7 @@ def _run_on_server(client: Any, record: RunRecord, uri: str, output_dir: Path) -
     if uri == record.tracking_uri and record.run_id:
         candidates = [record.run_id]
     else:
-        candidates = [record.copies.get(uri)]
+        candidates = [record.copies.get(uri) or ""]
     for run_id in filter(None, candidates):
         try:
             client.get_run(run_id)

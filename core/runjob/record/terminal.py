@@ -22,7 +22,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
 STANDARD_FDS = (0, 1, 2)
@@ -55,7 +55,7 @@ class TerminalStream:
         self._keep(text)
         return len(text)
 
-    def writelines(self, lines: Any) -> None:
+    def writelines(self, lines: Iterable[str]) -> None:
         self.write("".join(lines))  # one write and flush (runjob predict's JSON lines)
 
     def flush(self) -> None:
@@ -114,7 +114,7 @@ class TerminalStream:
 _keeping = threading.local()
 
 
-def _closed(stream: Any) -> bool:
+def _closed(stream: TextIO) -> bool:
     try:
         return bool(stream.closed)
     except (AttributeError, ValueError):

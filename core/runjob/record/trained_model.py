@@ -26,8 +26,9 @@ import importlib.metadata
 import shutil
 import tempfile
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow.pyfunc
 import numpy as np
@@ -35,6 +36,10 @@ import pandas as pd
 
 from runjob.host.run_folder import DATA_DIR, DATA_FACTS_FILE, JOB_FILE, PREDICTOR_DIR, WEIGHTS_FILE, RunFolder
 from runjob.record.store import LOGGED_MODEL_WEIGHTS
+
+if TYPE_CHECKING:
+    import torch
+    from mlflow.models import ModelSignature
 
 RUN_DATA = Path(LOGGED_MODEL_WEIGHTS).name
 """The folder of the model's data (under MLflow's ``data/``), laid out as a run's output folder."""
@@ -67,9 +72,10 @@ class TrainedModel:
         self.model.eval()
         self.predictor = load_predictor(folder, host, load_table(job_file, host, "task"))
 
-    def get_raw_model(self) -> Any:
+    def get_raw_model(self) -> torch.nn.Module:
         """The ``torch.nn.Module``, in eval mode (``mlflow.pyfunc.load_model(...).get_raw_model()``)."""
-        return self.model
+        model: torch.nn.Module = self.model
+        return model
 
     def predict(self, model_input: Any, params: dict[str, Any] | None = None) -> Any:
         """Raw inputs (a DataFrame with the signature's columns) in, a DataFrame of what ``runjob
@@ -108,7 +114,7 @@ def _invalid(message: str) -> Exception:
     return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
 
-def signature_of(prediction: dict[str, Any] | None) -> Any:
+def signature_of(prediction: dict[str, Any] | None) -> ModelSignature | None:
     """The MLflow signature of a model that predicts through a Predictor: the dataset's input
     columns, the task's output columns (when known), and a language model's generation settings
     as parameters with ``runjob predict``'s defaults."""
@@ -128,7 +134,7 @@ def signature_of(prediction: dict[str, Any] | None) -> Any:
     return ModelSignature(
         inputs=inputs,
         outputs=Schema([ColSpec(kind, name) for name, kind in outputs.items()]) if outputs else None,
-        params=params,
+        params=params,  # type: ignore[arg-type]  # None (no parameters) is ModelSignature's own default
     )
 
 
@@ -137,7 +143,7 @@ def save_trained_model(
     output_dir: Path,
     requirements: list[str],
     prediction: dict[str, Any] | None = None,
-    wheels: list[Path] = (),
+    wheels: Sequence[Path] = (),
 ) -> Path:
     """Write the MLflow model of ``output_dir``'s final weights and job into ``folder``: with the
     run's predictor and signature when ``prediction`` describes them (``runjob.train.predictor``),

@@ -12,9 +12,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob.errors import TrackingError
+
+if TYPE_CHECKING:
+    from runjob.job.schema import TrackingTable
 
 REACH_TIMEOUT_S = 5.0  # an unreachable tracking server is reported within this (twice at most)
 # MLflow's HTTP retries default to minutes of back-off; a lost server should cost seconds.
@@ -74,8 +77,8 @@ def probe_health(uri: str, timeout: float = REACH_TIMEOUT_S) -> Health:
         return Health(url, error.code, error)
     except (OSError, ValueError) as error:
         # "[Errno 111] Connection refused", not "<urlopen error [Errno 111] ...>"
-        reason = error.reason if isinstance(getattr(error, "reason", None), BaseException) else error
-        return Health(url, None, reason)
+        reason = getattr(error, "reason", None)  # a URLError's: what stopped the request
+        return Health(url, None, reason if isinstance(reason, BaseException) else error)
 
 
 def sqlite_path(uri: str) -> str | None:
@@ -103,6 +106,6 @@ def tracking_uri_and_source(explicit: str | None = None, setting: str = "trackin
     return mlflow.get_tracking_uri(), "MLflow's default"
 
 
-def default_experiment(tracking: Any, job_name: str) -> str:
+def default_experiment(tracking: TrackingTable, job_name: str) -> str:
     """``tracking.experiment``, else ``$MLFLOW_EXPERIMENT_NAME``, else the job's name."""
     return tracking.experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or job_name

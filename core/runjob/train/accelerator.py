@@ -7,7 +7,7 @@ is read or model built.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob.errors import TrainingError
 from runjob.host.components import StrategyPlan
@@ -16,8 +16,13 @@ from runjob.tags import DEVICE_TAG, DISTRIBUTED_TYPE_TAG, MIXED_PRECISION_TAG, N
 from runjob.train.data_loading import pins_memory
 from runjob.train.launcher import launched_processes
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
 
-def build_accelerator(job: Any, plan: StrategyPlan) -> Any:
+    from runjob.job.validation import ResolvedJob
+
+
+def build_accelerator(job: ResolvedJob, plan: StrategyPlan) -> Accelerator:
     """An Accelerator with the job's precision, accumulation, seeded sampling and strategy objects."""
     import torch
     from accelerate import Accelerator
@@ -69,7 +74,7 @@ def forget_accelerator() -> None:
     GradientState._reset_state()
 
 
-def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
+def check_setup(accelerator: Accelerator, job: ResolvedJob, plan: StrategyPlan) -> None:
     """Raise TrainingError if what Accelerate set up is not what the job asked for."""
     problems = []
     device = accelerator.device.type
@@ -101,7 +106,7 @@ def check_setup(accelerator: Any, job: Any, plan: StrategyPlan) -> None:
         raise TrainingError("; ".join(problems))
 
 
-def actual_setup(accelerator: Any) -> dict[str, str]:
+def actual_setup(accelerator: Accelerator) -> dict[str, str]:
     """What really runs, as MLflow tags."""
     return {
         DISTRIBUTED_TYPE_TAG: accelerator.distributed_type.name,
@@ -112,9 +117,9 @@ def actual_setup(accelerator: Any) -> dict[str, str]:
     }
 
 
-def _machines(accelerator: Any) -> int:
+def _machines(accelerator: Accelerator) -> int:
     """Machines in the job: processes divided by processes per machine (``LOCAL_WORLD_SIZE``)."""
     import os
 
     per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes) or 1)
-    return max(1, accelerator.num_processes // per_machine)
+    return max(1, int(accelerator.num_processes) // per_machine)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runjob.errors import RunjobError, describe
 from runjob.host.kinds import BY_NAME
@@ -36,6 +37,11 @@ from runjob.host.run_folder import (
     checkpoint_step,
 )
 from runjob.job.keys import flat, value_text
+
+if TYPE_CHECKING:
+    from runjob.host.events import Dispatcher
+    from runjob.host.run_context import Run
+    from runjob.job.jobfile import Tables
 
 
 @dataclass(frozen=True)
@@ -61,7 +67,9 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: steps[p] or 0)
 
 
-def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, Any], events: Any) -> Path:
+def save_checkpoint(
+    run: Run, position: Position, keep: int, extra: Mapping[str, object], events: Dispatcher | None
+) -> Path:
     """Write a checkpoint of ``run`` at ``position`` on every rank; returns its folder. The callbacks'
     states come through ``events``, the run's dispatcher, under its error policy."""
     import torch
@@ -79,7 +87,7 @@ def save_checkpoint(run: Any, position: Position, keep: int, extra: dict[str, An
         if accelerator.is_main_process:
             if run.scheduler is not None:
                 torch.save(run.scheduler.state_dict(), temporary / SCHEDULER_FILE)
-            states = events.states()
+            states = events.states() if events is not None else {}
             if any(states.values()):
                 torch.save(states, temporary / CALLBACKS_FILE)
             state = {**asdict(position), **extra}
@@ -171,7 +179,8 @@ def _bytes(folder: Path) -> int:
 def read_state(checkpoint: Path) -> dict[str, Any]:
     """The runjob state of a checkpoint; a clear error when it is missing or unreadable."""
     try:
-        return json.loads((checkpoint / CHECKPOINT_STATE_FILE).read_text(encoding="utf-8"))
+        state: dict[str, Any] = json.loads((checkpoint / CHECKPOINT_STATE_FILE).read_text(encoding="utf-8"))
+        return state
     except (OSError, ValueError) as error:
         raise RunjobError(f"--resume {checkpoint}: not a complete runjob checkpoint ({error})") from None
 
@@ -212,14 +221,14 @@ def set_aside_attempt(output_dir: Path) -> Path:
     return kept
 
 
-def load_checkpoint(run: Any, checkpoint: Path, events: Any) -> Position:
+def load_checkpoint(run: Run, checkpoint: Path, events: Dispatcher) -> Position:
     """Restore model, optimizer, scheduler, RNG and sampler states; returns where to continue. The
     callbacks get theirs through ``events``, the run's dispatcher: a callback that fails to take its
     state is said as that callback's failure, not as a damaged checkpoint."""
     import torch
 
     state = read_state(checkpoint)
-    states: dict[str, Any] = {}
+    states: dict[str, object] = {}
     try:
         run.accelerator.load_state(str(checkpoint))
         if run.scheduler is not None and (checkpoint / SCHEDULER_FILE).exists():
@@ -253,17 +262,18 @@ MUST_MATCH = (
 LOADER_KEYS = ("dataset.num_workers", "dataset.pin_memory", "dataset.persistent_workers", "dataset.prefetch_factor")
 
 
-def _shown(values: dict[str, Any], key: str) -> str:
+def _shown(values: dict[str, object], key: str) -> str:
     return value_text(values[key]) if key in values else "(unset)"
 
 
-def compare_jobs(saved: dict[str, Any], current: dict[str, Any]) -> tuple[list[str], list[str]]:
+def compare_jobs(saved: Tables, current: Tables) -> tuple[list[str], list[str]]:
     """Differences between the checkpoint's job and this one: (refused, allowed), as
     ``key: old -> new`` lines."""
     # a job saved before tasks were components trained the default task
     saved, current = ({"task": {"name": BY_NAME["task"].default}, **job} for job in (saved, current))
     old, new = flat(saved), flat(current)  # the whole values, not MLflow's params (cut at 6,000 characters)
-    refused, allowed = [], []
+    refused: list[str] = []
+    allowed: list[str] = []
     for key in sorted(set(old) | set(new)):
         if old.get(key) == new.get(key):
             continue

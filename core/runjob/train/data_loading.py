@@ -11,19 +11,26 @@ from __future__ import annotations
 import os
 import zlib
 from array import array
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob.errors import DataError
-from runjob.host.components import DatasetSplits, ImageTensors
+from runjob.host.components import Batch, Collate, DatasetSplits, ImageTensors, Sample, Split
 from runjob.record.prediction import collate  # noqa: F401 - the loaders' collate, shared with prediction
 
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
 
-def already_batched(batch: Any) -> Any:
+    from runjob.job.validation import ResolvedJob
+
+
+def already_batched(batch: Batch) -> Batch:
     """The collate function of :class:`BatchedImages`: its fetch returns whole batches."""
     return batch
 
 
-def random_crop(images: Any, padding: int, generator: Any) -> Any:
+def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """Every image cropped at its own random offset from a zero-padded copy, in one gather: what
     ``RandomCrop(size, padding=padding)`` does image by image. Returns channels-last memory."""
     import torch
@@ -44,7 +51,9 @@ class BatchedImages:
     """An :class:`ImageTensors` split on a device, as a map-style dataset whose batched fetch
     (``__getitems__``, which torch's DataLoader calls with a batch's indices) builds the batch."""
 
-    def __init__(self, split: ImageTensors, device: Any, seed: int, augment: bool, channels_last: bool = False) -> None:
+    def __init__(
+        self, split: ImageTensors, device: torch.device, seed: int, augment: bool, channels_last: bool = False
+    ) -> None:
         import torch
 
         self.images = split.images.to(device)
@@ -60,11 +69,11 @@ class BatchedImages:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = self.__getitems__([index])
         return inputs[0], targets[0]
 
-    def __getitems__(self, indices: list[int]) -> tuple[Any, Any]:
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch
 
         which = torch.tensor(indices)
@@ -89,13 +98,13 @@ class BatchedImages:
         return zlib.crc32(array("q", [self.seed, len(indices), *indices[:64]]).tobytes())
 
 
-def pins_memory(job: Any, on_cuda: bool) -> bool:
+def pins_memory(job: ResolvedJob, on_cuda: bool) -> bool:
     """Whether a Dataset split's DataLoader pins its batches: ``dataset.pin_memory``, by default
     when training on CUDA. Accelerate then copies them to the GPU without blocking."""
     return on_cuda if job.loader.pin_memory is None else job.loader.pin_memory
 
 
-def example_batch(split: Any, collate_fn: Any = None) -> Any:
+def example_batch(split: Split, collate_fn: Collate | None = None) -> Batch:
     """A batch of the split's first item, twice, on the CPU, as the loop sees it (for logging the
     model: ``torch.export`` would fix a batch of one as a constant); ``collate_fn``: the dataset's."""
     if isinstance(split, ImageTensors):
@@ -105,7 +114,7 @@ def example_batch(split: Any, collate_fn: Any = None) -> Any:
     return (collate_fn or collate)([split[0], split[0]])
 
 
-def _check_in_memory_loader(job: Any) -> None:
+def _check_in_memory_loader(job: ResolvedJob) -> None:
     """In-memory splits are batched on the device in this process: worker and pinning keys don't apply."""
     loader = job.loader
     set_keys = [
@@ -137,7 +146,9 @@ def leave_stops_to_training(worker_id: int) -> None:
     os.setpgid(0, 0)
 
 
-def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any, Any, Any]:
+def make_loaders(
+    splits: DatasetSplits, job: ResolvedJob, accelerator: Accelerator
+) -> tuple[DataLoader[Sample], DataLoader[Sample], DataLoader[Sample] | None]:
     """Training (shuffled, seeded), validation and test (in order, every sample once) DataLoaders;
     the test loader is None when the dataset has no test split."""
     import torch
@@ -172,7 +183,7 @@ def make_loaders(splits: DatasetSplits, job: Any, accelerator: Any) -> tuple[Any
     on_device = {"num_workers": 0, "pin_memory": False, "collate_fn": already_batched}
     channels_last = job.train.channels_last
 
-    def dataset(data: Any, augment: bool) -> Any:
+    def dataset(data: Split, augment: bool) -> Split:
         if isinstance(data, ImageTensors):
             return BatchedImages(data, accelerator.device, job.job.seed, augment, channels_last)
         return data

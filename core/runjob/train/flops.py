@@ -18,7 +18,13 @@ When none works, one line says so and why, and ``train/tflops`` / ``train/mfu`` 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    import torch
+
+    from runjob.host.components import Batch
+    from runjob.host.task import Task
 
 # Dense bf16/fp16 tensor-core peak TFLOP/s from the vendors' data sheets, by a substring of
 # torch.cuda.get_device_name(). Longer names first, so "H100 PCIe" wins over "H100".
@@ -36,7 +42,7 @@ PEAK_TFLOPS = (
 )
 
 
-def model_flops_per_unit(model: Any, task: Any, batch: Any) -> tuple[float | None, str]:
+def model_flops_per_unit(model: torch.nn.Module, task: Task, batch: Batch) -> tuple[float | None, str]:
     """FLOPs of one training step per unit of ``batch`` (what ``task.count`` counts) and how they
     were found (``"stated"``, ``"meta"``, ``"forward x3"``); ``(None, "")`` after one line saying why
     there is no count."""
@@ -68,7 +74,9 @@ def model_flops_per_unit(model: Any, task: Any, batch: Any) -> tuple[float | Non
     return None, ""
 
 
-def _forward_flops_per_unit(model: Any, task: Any, batch: Any, units: int, reasons: list[str]) -> float | None:
+def _forward_flops_per_unit(
+    model: torch.nn.Module, task: Task, batch: Batch, units: int, reasons: list[str]
+) -> float | None:
     """3x the counted FLOPs of one real forward pass over ``batch`` in eval mode without
     gradients, per unit; ``None`` (and why in ``reasons``) when it cannot be counted."""
     import torch
@@ -94,7 +102,7 @@ def _forward_flops_per_unit(model: Any, task: Any, batch: Any, units: int, reaso
     return float(3 * total / units)
 
 
-def meta_model(model: Any, reasons: list[str] | None = None) -> Any:
+def meta_model(model: torch.nn.Module, reasons: list[str] | None = None) -> torch.nn.Module | None:
     """A copy of ``model`` on the ``meta`` device (shapes only: no memory, no data copied, the
     original untouched); ``model`` is a built ``torch.nn.Module`` (a prepared one is unwrapped), or,
     as before, a function that builds one, called once under ``torch.device("meta")``. ``None``
@@ -107,7 +115,8 @@ def meta_model(model: Any, reasons: list[str] | None = None) -> Any:
         if isinstance(model, torch.nn.Module):
             return _meta_copy(_unwrapped(model))
         with torch.device("meta"):
-            return model()
+            built: torch.nn.Module = model()
+            return built
     except Exception as error:  # noqa: BLE001 - a model that insists on real tensors just has no MFU
         if reasons is None:
             say_no_count(error)
@@ -116,7 +125,7 @@ def meta_model(model: Any, reasons: list[str] | None = None) -> Any:
         return None
 
 
-def _unwrapped(model: Any) -> Any:
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside DistributedDataParallel / DataParallel / ``torch.compile`` wrappers (a
     model's own attribute named ``module`` is left alone)."""
     import torch
@@ -126,19 +135,19 @@ def _unwrapped(model: Any) -> Any:
         if isinstance(model, wrappers):
             model = model.module
         elif hasattr(model, "_orig_mod") and type(model).__name__ == "OptimizedModule":
-            model = model._orig_mod
+            model = cast("torch.nn.Module", model._orig_mod)  # torch.compile's wrapper: the module it compiled
         else:
             return model
 
 
-def _meta_copy(model: Any) -> Any:
+def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     """``copy.deepcopy(model)`` where every parameter and buffer is replaced, in the memo, by an
     empty one of its shape, dtype and ``requires_grad`` on ``meta``: the weights are not copied."""
     import copy
 
     import torch
 
-    memo: dict[int, Any] = {}
+    memo: dict[int, object] = {}
     for tensor in [*model.parameters(), *model.buffers()]:  # each once, a shared one too
         empty = torch.empty_like(tensor, device="meta")
         if isinstance(tensor, torch.nn.Parameter):
@@ -159,7 +168,9 @@ def say_no_count(error: BaseException | str) -> None:
     print(f"runjob: the model's FLOPs were not counted (no train/tflops, train/mfu): {why}", flush=True)
 
 
-def training_flops_per_unit(meta_model: Any, task: Any, batch: Any, reasons: list[str] | None = None) -> float | None:
+def training_flops_per_unit(
+    meta_model: torch.nn.Module | None, task: Task, batch: Batch, reasons: list[str] | None = None
+) -> float | None:
     """FLOPs of one forward and backward pass per unit of ``batch`` (what ``task.count`` counts:
     samples, tokens), counted on a :func:`meta_model` fed a meta-device copy of the batch's shapes;
     ``None`` when the model cannot be counted (one line says why; given ``reasons``, why is added
@@ -175,7 +186,7 @@ def training_flops_per_unit(meta_model: Any, task: Any, batch: Any, reasons: lis
         shapes = recursively_apply(lambda t: torch.empty_like(t, device="meta"), batch, error_on_other_type=False)
         counter = FlopCounterMode(display=False)
         with counter:
-            task.loss(task.forward(meta_model, shapes), shapes).float().backward()
+            torch.autograd.backward(task.loss(task.forward(meta_model, shapes), shapes).float())  # loss.backward()
         total = counter.get_total_flops()
         units = task.count(shapes)
     except Exception as error:  # noqa: BLE001 - a model or task the counter can't trace just has no MFU
@@ -196,7 +207,7 @@ def training_flops_per_unit(meta_model: Any, task: Any, batch: Any, reasons: lis
     return float(total / units)
 
 
-def peak_flops(device: Any, mixed_precision: str, configured_tflops: float | None) -> float | None:
+def peak_flops(device: torch.device, mixed_precision: str, configured_tflops: float | None) -> float | None:
     """The device's peak FLOP/s: ``train.peak_tflops`` when set, else the table for bf16/fp16 on a
     known GPU; ``None`` when unknown (MFU is then not reported)."""
     if configured_tflops:

@@ -14,13 +14,18 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runjob.errors import JobError, Problem, RunjobError, describe
 from runjob.host.run_folder import MODELS_FILE, WEIGHTS_FILE, RunFolder
 from runjob.job.schema import RUNS_URI
 from runjob.record.local import RunRecord
 from runjob.tags import INIT_FROM_RUN_TAG, INIT_FROM_TAG
+
+if TYPE_CHECKING:
+    import torch
+
+    from runjob.job.validation import ResolvedJob
 
 SHOWN = 4
 """How many names a message lists before '...'."""
@@ -31,7 +36,7 @@ def _listed(names: list[str], shown: int = SHOWN) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def job_problem(job: Any, key: str, message: str) -> JobError:
+def job_problem(job: ResolvedJob, key: str, message: str) -> JobError:
     """A mistake in ``key`` of the job that only the built model shows, as validation reports one:
     ``file:line: key: message``."""
     origin = job.source.origin(key)
@@ -73,7 +78,7 @@ class Transfer:
         return text
 
 
-def load_matching(model: Any, state: dict[str, Any]) -> Transfer:
+def load_matching(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> Transfer:
     """Copy the tensors of ``state`` into ``model`` by name. A tensor whose shape differs (a new
     classification head) is left as the model initialised it. Tensors the model ties together (a
     language model's input and output embedding, stored once in a safetensors file) count as loaded
@@ -83,7 +88,7 @@ def load_matching(model: Any, state: dict[str, Any]) -> Transfer:
     for name, tensor in own.items():
         aliases.setdefault(id(tensor), []).append(name)
     transfer = Transfer()
-    accepted: dict[str, Any] = {}
+    accepted: dict[str, torch.Tensor] = {}
     covered: set[str] = set()
     transfer.unexpected = [name for name in state if name not in own]
     for name in own:  # the model's order, not the file's
@@ -154,7 +159,7 @@ def fetch_source(value: str, tracking_uri: str | None, scratch: Path) -> Source:
     return Source(Path(local), run_id, f"{artifact} of MLflow run {run_id}")
 
 
-def _weights_named_by_record(tracking_uri: str | None, run_id: str, artifact: str, scratch: Path) -> str | None:
+def _weights_named_by_record(tracking_uri: str | None, run_id: str, artifact: str, scratch: Path) -> Path | None:
     """The weights of the model the run named (``run.add_model``: ``best`` for ``runs:/ID/best``),
     as its record of models, ``models.json``, says where MLflow holds them (the final
     ``model.safetensors`` when they are the same bytes, stored once)."""
@@ -174,13 +179,15 @@ def _weights_named_by_record(tracking_uri: str | None, run_id: str, artifact: st
     return download_artifact(tracking_uri, run_id, named, scratch) if isinstance(named, str) and named else None
 
 
-def init_from(model: Any, job: Any, tracking_uri: str | None) -> tuple[str, dict[str, str]]:
+def init_from(model: torch.nn.Module, job: ResolvedJob, tracking_uri: str | None) -> tuple[str, dict[str, str]]:
     """Load ``model.init_from`` into ``model`` (strict: every name must match; a tensor of another
     shape keeps the model's fresh init). Returns the line to show and the lineage tags."""
     from safetensors.torch import load_file
 
     value = job.model_setup.init_from
     key = "model.init_from"
+    if value is None:
+        raise job_problem(job, key, "not set")
     with tempfile.TemporaryDirectory(prefix="runjob-init-") as scratch:
         try:
             source = fetch_source(value, tracking_uri, Path(scratch))
@@ -200,7 +207,9 @@ def init_from(model: Any, job: Any, tracking_uri: str | None) -> tuple[str, dict
         raise job_problem(job, key, message)
     run = f" (MLflow run {source.run_id})" if source.run_id else ""
     line = f"{key}: {source.shown}{run}: {transfer.summary(len(model.state_dict()))}"
-    tags = {INIT_FROM_TAG: value, **({INIT_FROM_RUN_TAG: source.run_id} if source.run_id else {})}
+    tags = {INIT_FROM_TAG: value}
+    if source.run_id:
+        tags[INIT_FROM_RUN_TAG] = source.run_id
     return line, tags
 
 
@@ -208,7 +217,7 @@ def init_from(model: Any, job: Any, tracking_uri: str | None) -> tuple[str, dict
 # model.freeze and parameter groups
 
 
-def _no_match(job: Any, key: str, pattern: str, names: list[str]) -> JobError:
+def _no_match(job: ResolvedJob, key: str, pattern: str, names: list[str]) -> JobError:
     """``pattern`` matches no parameter name: say so with the names it might have meant."""
     prefixes = sorted({".".join(name.split(".")[:depth]) for name in names for depth in range(1, 3)})
     close = difflib.get_close_matches(pattern, prefixes, n=1)
@@ -221,7 +230,7 @@ def _no_match(job: Any, key: str, pattern: str, names: list[str]) -> JobError:
     return job_problem(job, key, message)
 
 
-def freeze(model: Any, job: Any) -> str | None:
+def freeze(model: torch.nn.Module, job: ResolvedJob) -> str | None:
     """Switch off gradients for the parameters ``model.freeze`` matches; the line to show, or None."""
     patterns = job.model_setup.freeze
     if not patterns:
@@ -256,7 +265,7 @@ def _norm_types() -> tuple[type, ...]:
     return tuple(types)
 
 
-def no_decay_ids(model: Any) -> set[int]:
+def no_decay_ids(model: torch.nn.Module) -> set[int]:
     """The parameters ``no_decay_norm_and_bias`` exempts from weight decay: every parameter of a
     normalization layer (batch, instance, layer, group and RMS norm, by module type) and every
     parameter named ``bias``."""
@@ -269,7 +278,7 @@ def no_decay_ids(model: Any) -> set[int]:
     return exempt
 
 
-def param_groups(model: Any, job: Any) -> tuple[list[dict[str, Any]], str | None]:
+def param_groups(model: torch.nn.Module, job: ResolvedJob) -> tuple[list[dict[str, Any]], str | None]:
     """The optimizer's param groups, as torch.optim takes them (``params``, ``param_names`` and the
     group's own ``lr`` / ``weight_decay``): the default group first (the optimizer's own options),
     then ``[optimizer] groups`` in order, each split in two when ``no_decay_norm_and_bias`` exempts
@@ -279,7 +288,8 @@ def param_groups(model: Any, job: Any) -> tuple[list[dict[str, Any]], str | None
     named = list(model.named_parameters())
     names = [name for name, _ in named]
     regexes = [re.compile(group.params) for group in setup.groups]
-    members: list[list[tuple[str, Any]]] = [[] for _ in range(len(regexes) + 1)]  # [default, group 0, ...]
+    # the trainable parameters of each group: [default, group 0, ...]
+    members: list[list[tuple[str, torch.nn.Parameter]]] = [[] for _ in range(len(regexes) + 1)]
     for name, parameter in named:
         if parameter.requires_grad:
             chosen = next((i for i, regex in enumerate(regexes) if regex.match(name)), -1)

@@ -6,18 +6,35 @@ model's signature declares, in ``OUTPUT_DIR/predictor/`` (``runjob.record.predic
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runjob.host.components import Inputs
 from runjob.host.task import generates
 from runjob.record.prediction import Predictor, column_types
 from runjob.record.prediction import save_predictor as write_predictor
 
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+
+    from runjob.host.components import DatasetSplits
+    from runjob.host.plugin_host import PluginHost
+    from runjob.host.task import Task
+    from runjob.job.validation import ResolvedJob
+    from runjob.record.prediction import ColumnType
+
 SHARDED = ("FSDP", "DEEPSPEED")
 
 
 def save_predictor(
-    job: Any, accelerator: Any, model: Any, splits: Any, task: Any, output_dir: Path, host: Any, facts: Any
+    job: ResolvedJob,
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    splits: DatasetSplits,
+    task: Task,
+    output_dir: Path,
+    host: PluginHost,
+    facts: Any,
 ) -> tuple[dict[str, Any] | None, str | None]:
     """Save the run's predictor into ``output_dir`` as data; returns what the MLflow model's
     signature needs (input and output columns, whether it generates), or ``None`` and the line that
@@ -31,7 +48,8 @@ def save_predictor(
         )
     from runjob.train.trained import sample_batch
 
-    context, outputs = None, None
+    context: int | None = None
+    outputs: dict[str, ColumnType] | None = None
     generating = generates(task)
     if generating:
         # the length the model was trained on
@@ -57,7 +75,7 @@ def save_predictor(
     return {"inputs": dict(inputs.columns), "outputs": outputs, "generates": generating}, None
 
 
-def _output_columns(model: Any, task: Any, splits: Any) -> dict[str, str] | None:
+def _output_columns(model: torch.nn.Module, task: Task, splits: DatasetSplits) -> dict[str, ColumnType] | None:
     """The columns a prediction row has, from two validation samples through the trained model."""
     from runjob.record.prediction import prediction_rows, samples_of
     from runjob.train.trained import sample_batch

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 SAME_PRESS = 1.5
@@ -121,7 +122,7 @@ class StopSignals:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _handle(self, signum: int, frame: Any) -> None:
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
         # Called for a new press's signal and for the copy the watching thread sends after it, in
         # either order: whichever finds the press's KeyboardInterrupt owed raises it.
         if self._raises and signum == signal.SIGINT:
@@ -177,7 +178,9 @@ class StopSignals:
         # A signal of its own, not _thread.interrupt_main(): the main thread may have handled the
         # press's signal already and gone back to a wait that only a signal interrupts.
         self._sent += 1
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        main = threading.main_thread().ident
+        assert main is not None  # the main thread has started: this code runs after it
+        signal.pthread_kill(main, signal.SIGINT)
 
 
 def say(line: str) -> None:

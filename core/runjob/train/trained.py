@@ -14,10 +14,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError, TrainingError, first_line
-from runjob.host.components import DataFacts, DatasetSplits, ImageTensors
+from runjob.host.components import Batch, Collate, DataFacts, DatasetSplits, ImageTensors, Split
 from runjob.host.model_build import adapter_places, apply_adapters, make_adapters, read_facts, takes_data
 from runjob.host.model_build import build_model as make_model
 from runjob.host.run_context import Run, RunParts
@@ -30,6 +30,14 @@ from runjob.record.store import download_artifact, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
 from runjob.tags import OUTPUT_DIR_TAG
 from runjob.train.accelerator import forget_accelerator
+
+if TYPE_CHECKING:
+    import torch
+    from accelerate import Accelerator
+
+    from runjob.host.components import Adapter
+    from runjob.host.plugin_host import PluginHost
+    from runjob.record.prediction import Predictor
 
 RUN_ID = re.compile(r"^[0-9a-fA-F]{8,64}$")
 
@@ -124,7 +132,7 @@ def _download(uri: str, run_id: str, name: str, folder: Path, required: bool) ->
         raise RunjobError(f"run {run_id} has no {name} artifact: it was not made by runjob")
 
 
-def load_job(run: TrainedRun, overrides: list[str], host: Any, data: bool = True) -> ResolvedJob:
+def load_job(run: TrainedRun, overrides: list[str], host: PluginHost, data: bool = True) -> ResolvedJob:
     """The run's resolved job, with ``--set`` changes to its ``[dataset]`` table (nothing else may
     change: the model must stay the one the weights were trained for). Without ``data`` (the run's
     saved predictor and facts stand in for its data), the ``[dataset]`` options are taken as
@@ -142,7 +150,7 @@ def load_job(run: TrainedRun, overrides: list[str], host: Any, data: bool = True
     return resolve(raw, host, () if data else ("dataset",))
 
 
-def saved(run: TrainedRun, host: Any, trust_pickle: bool = False) -> tuple[ResolvedJob | None, Any]:
+def saved(run: TrainedRun, host: PluginHost, trust_pickle: bool = False) -> tuple[ResolvedJob | None, Predictor | None]:
     """The run's job and the predictor it saved (``runjob.record.prediction.load_predictor``:
     rebuilt from data by the installed plugins), or ``(None, None)`` when it saved none. The
     job's dataset is not checked where the run kept its facts: its files need not be here."""
@@ -157,14 +165,16 @@ def saved(run: TrainedRun, host: Any, trust_pickle: bool = False) -> tuple[Resol
     return job, predictor
 
 
-def build_model(job: ResolvedJob, model_file: Path, folder: Path | None = None, splits: Any = None) -> Any:
+def build_model(
+    job: ResolvedJob, model_file: Path, folder: Path | None = None, splits: DatasetSplits | None = None
+) -> torch.nn.Module:
     """The job's model with the run's trained weights (every weight must fit: strict), in eval mode, on the CPU."""
     return build_trained(job, model_file, folder, splits)[0]
 
 
 def build_trained(
-    job: ResolvedJob, model_file: Path, folder: Path | None = None, splits: Any = None
-) -> tuple[Any, dict[str, Any]]:
+    job: ResolvedJob, model_file: Path, folder: Path | None = None, splits: DatasetSplits | None = None
+) -> tuple[torch.nn.Module, dict[str, Adapter]]:
     """:func:`build_model`, and the job's adapters (to merge them for export). The model factory
     gets the facts the run saved in ``folder`` (``data_facts.json``); for a run from before they
     were saved, those of ``splits`` (or of the job's dataset, built for it)."""
@@ -197,7 +207,7 @@ def load_data(job: ResolvedJob) -> tuple[DatasetSplits, Task]:
     return splits, task
 
 
-def best_device() -> Any:
+def best_device() -> torch.device:
     """CUDA when there is a GPU, else the CPU."""
     import torch
 
@@ -205,7 +215,7 @@ def best_device() -> Any:
 
 
 @contextlib.contextmanager
-def one_process_accelerator(job: ResolvedJob) -> Iterator[Any]:
+def one_process_accelerator(job: ResolvedJob) -> Iterator[Accelerator]:
     """An Accelerator for this process alone, in the job's precision (fp16 only on a GPU), on the
     GPU when there is one (unless ``train.cpu``); Accelerate's process-wide state is forgotten after."""
     import torch
@@ -242,10 +252,11 @@ def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, f
         return evaluate(context, loader, split)
 
 
-def sample_batch(split: Any, count: int = 8, collate_fn: Any = None) -> Any:
+def sample_batch(split: Split, count: int = 8, collate_fn: Collate | None = None) -> Batch:
     """The first ``count`` samples of a split (fewer when it is smaller) as one batch on the CPU,
     as evaluation sees them (``collate_fn``: the dataset's ``DatasetSplits.collate``)."""
-    from runjob.train.data_loading import BatchedImages, collate
+    from runjob.record.prediction import collate
+    from runjob.train.data_loading import BatchedImages
 
     indices = list(range(min(count, len(split))))
     if isinstance(split, ImageTensors):
