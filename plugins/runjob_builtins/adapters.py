@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from runjob import Adapter, Options, hookimpl, require_module
 
-ALL_LINEAR = "all-linear"
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch or peft
+    import torch
+    from peft import LoraConfig
+
+    from runjob import Register
+
+ALL_LINEAR: Literal["all-linear"] = "all-linear"
 
 
 class LoraOptions(Options):
@@ -47,20 +53,20 @@ class Lora(Adapter):
     def __init__(self, options: LoraOptions) -> None:
         self.options = options
 
-    def config(self) -> Any:
+    def config(self) -> LoraConfig:
         from peft import LoraConfig
 
         options = self.options
         return LoraConfig(
             r=options.r,
-            lora_alpha=options.alpha,
+            lora_alpha=options.alpha,  # type: ignore[arg-type]  # PEFT annotates an int, and takes a float
             lora_dropout=options.dropout,
             target_modules=options.target_modules,
             modules_to_save=options.modules_to_save or None,
             bias=options.bias,
         )
 
-    def apply(self, model: Any) -> Any:
+    def apply(self, model: torch.nn.Module) -> torch.nn.Module:
         import warnings
 
         from peft import inject_adapter_in_model
@@ -81,7 +87,7 @@ class Lora(Adapter):
             parameter.requires_grad = "lora_" in name or "modules_to_save" in name or _trained_bias(name, self.options)
         return adapted
 
-    def merge(self, model: Any) -> Any:
+    def merge(self, model: torch.nn.Module) -> torch.nn.Module:
         """Each LoRA layer folded into its base layer and replaced by it, and each of
         ``modules_to_save`` replaced by its trained copy: the plain model."""
         from peft.tuners.lora import LoraLayer
@@ -99,14 +105,14 @@ class Lora(Adapter):
             setattr(parent, name.rpartition(".")[2], plain)
         return model
 
-    def save(self, model: Any, folder: Path) -> None:
+    def save(self, model: torch.nn.Module, folder: Path) -> None:
         """``adapter_model.safetensors`` and ``adapter_config.json``, as PEFT names them."""
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
         weights = {k: v.detach().cpu().contiguous() for k, v in get_peft_model_state_dict(model).items()}
         save_file(weights, str(folder / "adapter_model.safetensors"))
-        config = self.config().to_dict()
+        config = self.config().to_dict()  # type: ignore[no-untyped-call]  # PEFT leaves to_dict unannotated
         config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
         (folder / "adapter_config.json").write_text(json.dumps(config, indent=1, default=str) + "\n")
 
@@ -116,7 +122,7 @@ def _trained_bias(name: str, options: LoraOptions) -> bool:
 
 
 @hookimpl
-def runjob_register_adapters(register: Any) -> None:
+def runjob_register_adapters(register: Register) -> None:
     register(
         "lora",
         Lora,

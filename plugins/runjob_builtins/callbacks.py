@@ -7,11 +7,18 @@ third-party callback would.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import Field, field_validator
 
 from runjob import Callback, CallbackOptions, RunFolder, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+    from torch.autograd.profiler_util import EventList
+    from torch.profiler import profile
+
+    from runjob import Register, Run
 
 
 class EarlyStoppingOptions(CallbackOptions):
@@ -39,17 +46,17 @@ class EarlyStopping(Callback):
     run then saves its final and best model and ends FINISHED."""
 
     def __init__(self, options: EarlyStoppingOptions) -> None:
-        self.metric = options.metric
+        self.metric = options.metric or ""  # "": train.best_metric, read at on_run_start
         self.patience = options.patience
         self.min_delta = options.min_delta
         self.best: float | None = None
         self.waited = 0
 
-    def on_run_start(self, run: Any) -> None:
-        self.metric = self.metric or run.job.train.best_metric
+    def on_run_start(self, run: Run) -> None:
+        self.metric = self.metric or run.job.train.best_metric or ""  # a resolved job names its best_metric
         self.higher_is_better = run.job.metrics[self.metric] == "max"
 
-    def on_evaluation(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+    def on_evaluation(self, run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
         value = metrics.get(self.metric, run.logged.get(self.metric))
         if value is None or value != value:  # not reported at this evaluation, or NaN
             return
@@ -108,18 +115,18 @@ class ExponentialMovingAverage(Callback):
         self.decay = options.decay
         self.warmup_steps = options.warmup_steps
         self.steps = 0  # optimizer steps folded into the average
-        self.average: list[Any] | None = None  # on the device, one tensor per averaged parameter
-        self.loaded: list[Any] | None = None  # a checkpoint's average, until on_run_start places it
-        self.kept: list[Any] | None = None  # the training weights, aside during an evaluation
+        self.average: list[torch.Tensor] | None = None  # on the device, one tensor per averaged parameter
+        self.loaded: list[torch.Tensor] | None = None  # a checkpoint's average, until on_run_start places it
+        self.kept: list[torch.Tensor] | None = None  # the training weights, aside during an evaluation
         self.swapped = False  # the model holds the averaged values for an evaluation
         self.final = False  # on_train_end put the average into the model for good
 
     @staticmethod
-    def parameters(run: Any) -> list[Any]:
-        model = run.accelerator.unwrap_model(run.model)
+    def parameters(run: Run) -> list[torch.Tensor]:
+        model: torch.nn.Module = run.accelerator.unwrap_model(run.model)
         return [parameter for parameter in model.parameters() if parameter.is_floating_point()]
 
-    def on_run_start(self, run: Any) -> None:
+    def on_run_start(self, run: Run) -> None:
         import torch
 
         kind = str(getattr(run.accelerator.distributed_type, "value", run.accelerator.distributed_type))
@@ -145,7 +152,7 @@ class ExponentialMovingAverage(Callback):
             ]
             self.loaded = None
 
-    def on_step(self, run: Any, step: int, epoch: int, loss: Any) -> None:
+    def on_step(self, run: Run, step: int, epoch: int, loss: torch.Tensor) -> None:
         import torch
 
         if self.swapped:  # the host changed: a step was taken on the averaged weights
@@ -154,11 +161,11 @@ class ExponentialMovingAverage(Callback):
         with torch.no_grad():
             parameters = [parameter.detach() for parameter in self.parameters(run)]
             if self.steps <= self.warmup_steps:
-                torch._foreach_copy_(self.average, parameters)
+                torch._foreach_copy_(self.averaged(), parameters)
             else:
-                torch._foreach_lerp_(self.average, parameters, 1.0 - self.decay)
+                torch._foreach_lerp_(self.averaged(), parameters, 1.0 - self.decay)
 
-    def on_evaluation_start(self, run: Any, step: int, epoch: int) -> None:
+    def on_evaluation_start(self, run: Run, step: int, epoch: int) -> None:
         import torch
 
         if self.final or self.swapped:
@@ -169,31 +176,37 @@ class ExponentialMovingAverage(Callback):
                 self.kept = [parameter.detach().clone() for parameter in parameters]
             else:
                 torch._foreach_copy_(self.kept, [parameter.detach() for parameter in parameters])
-            torch._foreach_copy_(parameters, self.average)
+            torch._foreach_copy_(parameters, self.averaged())
         self.swapped = True
 
-    def on_evaluation_end(self, run: Any, step: int, epoch: int) -> None:
+    def on_evaluation_end(self, run: Run, step: int, epoch: int) -> None:
         self.restore(run)
 
-    def restore(self, run: Any) -> None:
+    def restore(self, run: Run) -> None:
         """Put the training weights back after an evaluation of the averaged ones."""
         import torch
 
-        if not self.swapped:
+        if not self.swapped or self.kept is None:  # kept is set whenever swapped is
             return
         with torch.no_grad():
             torch._foreach_copy_(self.parameters(run), self.kept)
         self.swapped = False
 
-    def on_train_end(self, run: Any, step: int, epoch: int) -> None:
+    def on_train_end(self, run: Run, step: int, epoch: int) -> None:
         import torch
 
         self.restore(run)
         with torch.no_grad():
-            torch._foreach_copy_(self.parameters(run), self.average)
+            torch._foreach_copy_(self.parameters(run), self.averaged())
         self.final, self.kept = True, None
         if run.accelerator.is_main_process:
             print(f"runjob: ema: the model now holds the average of {self.steps} step(s) (decay {self.decay:g})")
+
+    def averaged(self) -> list[torch.Tensor]:
+        """The average, which ``on_run_start`` made."""
+        if self.average is None:
+            raise RuntimeError("ema: the average is made at on_run_start, which has not run")
+        return self.average
 
     def state_dict(self) -> dict[str, Any]:
         if self.average is None:
@@ -232,27 +245,27 @@ class Profile(Callback):
         self.start_step = options.start_step
         self.last_step = options.start_step + options.steps - 1
         self.record_shapes = options.record_shapes
-        self.profiler: Any = None
+        self.profiler: profile | None = None
         self.first = 0  # the first step inside the trace
 
-    def on_run_start(self, run: Any) -> None:
+    def on_run_start(self, run: Run) -> None:
         self._start_if_next(run, run.step)
 
-    def on_step(self, run: Any, step: int, epoch: int, loss: Any) -> None:
+    def on_step(self, run: Run, step: int, epoch: int, loss: torch.Tensor) -> None:
         if self.profiler is not None and step >= self.last_step:
             self._finish(run, step)
         self._start_if_next(run, step)
 
-    def on_train_end(self, run: Any, step: int, epoch: int) -> None:
+    def on_train_end(self, run: Run, step: int, epoch: int) -> None:
         if self.profiler is not None:
             self._finish(run, step)
 
-    def on_run_end(self, run: Any, status: str, error: BaseException | None) -> None:
+    def on_run_end(self, run: Run, status: str, error: BaseException | None) -> None:
         if self.profiler is not None:  # the run failed inside the window
             self.profiler.stop()
             self.profiler = None
 
-    def _start_if_next(self, run: Any, done: int) -> None:
+    def _start_if_next(self, run: Run, done: int) -> None:
         if done + 1 != self.start_step or not run.accelerator.is_main_process:
             return
         from torch.profiler import ProfilerActivity, profile
@@ -264,8 +277,10 @@ class Profile(Callback):
         self.profiler.start()
         self.first = self.start_step
 
-    def _finish(self, run: Any, step: int) -> None:
+    def _finish(self, run: Run, step: int) -> None:
         profiler, self.profiler = self.profiler, None
+        if profiler is None:
+            return
         profiler.stop()
         paths = RunFolder(run.output_dir)
         folder = paths.profile_dir
@@ -289,7 +304,7 @@ class Profile(Callback):
         run.log_artifact(folder)
 
 
-def top_operators(averages: Any, clock: str, count: int = 5) -> str:
+def top_operators(averages: EventList, clock: str, count: int = 5) -> str:
     """``aten::convolution_backward 41%, aten::mm 12%, ...``: the operators with the most self time,
     as a share of all self time."""
     times = [(getattr(event, clock), event.key) for event in averages if getattr(event, clock) > 0]
@@ -300,7 +315,7 @@ def top_operators(averages: Any, clock: str, count: int = 5) -> str:
 
 
 @hookimpl
-def runjob_register_callbacks(register):
+def runjob_register_callbacks(register: Register) -> None:
     """Register early_stopping, ema and profile."""
     register(
         "early_stopping",

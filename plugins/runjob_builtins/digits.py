@@ -11,11 +11,17 @@ from __future__ import annotations
 import argparse
 import hashlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, model_validator
 
 from runjob import DatasetSplits, ImageTensors, Options, hookimpl, require_module
 from runjob_builtins.image_datasets import ImageFileInputs
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+
+    from runjob import Register
 
 
 class DigitsOptions(Options):
@@ -38,10 +44,12 @@ def digits_file() -> Path:
     import importlib.util
 
     spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:  # DigitsOptions checked it is installed
+        raise ModuleNotFoundError("digits needs scikit-learn: pip install 'runjob-train[digits]'")
     return Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
 
 
-def digits_tensors(image_size: int):
+def digits_tensors(image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """All scans as a float tensor (N, 3, size, size) in [0, 1] and their labels (N,); the same
     data as ``sklearn.datasets.load_digits()``."""
     import numpy as np
@@ -55,7 +63,7 @@ def digits_tensors(image_size: int):
     return images.expand(-1, 3, -1, -1).contiguous(), labels
 
 
-def split_indices(count: int, val_fraction: float, seed: int):
+def split_indices(count: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed random split of ``range(count)`` into (train, val) index tensors."""
     import torch
 
@@ -99,7 +107,7 @@ def export_image_folder(target: Path, image_size: int = 32, val_fraction: float 
 
 
 @hookimpl
-def runjob_register_datasets(register):
+def runjob_register_datasets(register: Register) -> None:
     """Register digits."""
     register(
         "digits",

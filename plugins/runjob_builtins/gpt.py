@@ -10,11 +10,15 @@ imported when a model is built, so loading plugins does not import torch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from runjob import DataFacts, Options, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    from runjob import Register
+    from runjob_builtins.gpt_layers import GPT
 
 
 class GPTOptions(Options):
@@ -45,9 +49,9 @@ class GPTOptions(Options):
         return heads
 
 
-def build_gpt(options: GPTOptions, data: DataFacts | None = None) -> Any:
+def build_gpt(options: GPTOptions, data: DataFacts | None = None) -> GPT:
     """A randomly initialised GPT (GPT-2's initialisation), sized for the data unless the job says."""
-    from runjob_builtins.gpt_layers import GPT
+    from runjob_builtins.gpt_layers import GPT  # imports torch: only when a model is built
 
     data = data or DataFacts()
     sizes = {
@@ -58,7 +62,7 @@ def build_gpt(options: GPTOptions, data: DataFacts | None = None) -> Any:
 
 
 @hookimpl
-def runjob_register_models(register):
+def runjob_register_models(register: Register) -> None:
     """Register gpt."""
     register(
         "gpt",

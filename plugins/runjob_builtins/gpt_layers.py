@@ -39,7 +39,8 @@ class CausalSelfAttention(nn.Module):
         )
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        return self.proj_dropout(self.proj(y.transpose(1, 2).reshape(batch, length, width)))
+        projected: torch.Tensor = self.proj_dropout(self.proj(y.transpose(1, 2).reshape(batch, length, width)))
+        return projected
 
 
 class Block(nn.Module):
@@ -57,13 +58,16 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        out: torch.Tensor = x + self.mlp(self.norm2(x))
+        return out
 
 
 class GPT(nn.Module):
     def __init__(self, o: GPTOptions) -> None:
         super().__init__()
-        self.context = o.context
+        if o.vocab_size is None or o.context is None:  # build_gpt fills both in from the data
+            raise ValueError("gpt needs vocab_size and context")
+        self.context: int = o.context
         self.tokens = nn.Embedding(o.vocab_size, o.width)
         self.positions = nn.Embedding(o.context, o.width)
         self.dropout = nn.Dropout(o.dropout)
@@ -90,4 +94,5 @@ class GPT(nn.Module):
         x = self.dropout(self.tokens(tokens) + self.positions(positions))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        logits: torch.Tensor = self.head(self.norm(x))
+        return logits

@@ -5,10 +5,21 @@ from __future__ import annotations
 import hashlib
 import io
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from runjob import AbsolutePath, DataError, DatasetSplits, ExistingDir, ImageTensors, Inputs, Options, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch, torchvision or Pillow
+    from collections.abc import Callable
+
+    import torch
+    from PIL.Image import Image
+    from torch.utils.data import TensorDataset
+    from torchvision.datasets import CIFAR10, ImageFolder
+
+    from runjob import Register
 
 CIFAR_MEAN = [0.4914, 0.4822, 0.4465]
 CIFAR_STD = [0.2470, 0.2435, 0.2616]
@@ -132,7 +143,7 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
     cifar = datasets.CIFAR10
     if not options.verify:
 
-        class PresenceCheckedCIFAR10(datasets.CIFAR10):
+        class PresenceCheckedCIFAR10(datasets.CIFAR10):  # type: ignore[misc]  # torchvision has no type information
             """CIFAR10 that accepts any copy whose files are all present (torchvision skips the
             md5 comparison for a file whose expected sum is None)."""
 
@@ -178,7 +189,7 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
     )
 
 
-def _cifar_tensors(split, augment: bool) -> ImageTensors:
+def _cifar_tensors(split: CIFAR10, augment: bool) -> ImageTensors:
     """torchvision's decoded CIFAR arrays (N, 32, 32, 3 uint8) as ImageTensors with the same augmentation."""
     import torch
 
@@ -187,7 +198,7 @@ def _cifar_tensors(split, augment: bool) -> ImageTensors:
     return ImageTensors(images, labels, CIFAR_MEAN, CIFAR_STD, crop_padding=4 if augment else 0, flip=augment)
 
 
-def _cifar_digest(train, val) -> str:
+def _cifar_digest(train: CIFAR10, val: CIFAR10) -> str:
     """The md5 sums of the batch files: torchvision's list when it checked them, else read here."""
     sums = []
     for dataset, files in ((train, train.train_list), (val, val.test_list)):
@@ -202,7 +213,7 @@ def _listing_digest(root: Path) -> str:
     return hashlib.sha256("\n".join(entries).encode()).hexdigest()[:16]
 
 
-def _read_image(path: str):
+def _read_image(path: str) -> Image:
     from PIL import Image
 
     try:
@@ -228,9 +239,9 @@ class ImageFileInputs(Inputs):
         if len(mean) not in (1, 3) or len(std) != len(mean) or not all(s > 0 for s in std):
             raise ValueError(f"mean {list(mean)} and std {list(std)}: one or three values each, std above 0")
         self.size, self.mean, self.std, self.gray = size, [float(m) for m in mean], [float(s) for s in std], gray
-        self._transform = None
+        self._transform: Callable[[Image], torch.Tensor] | None = None
 
-    def read(self, path: Path) -> list[tuple[str, dict]]:
+    def read(self, path: Path) -> list[tuple[str, dict[str, Path]]]:
         """The image file ``path``, or every image file in the folder and its subfolders (named by
         their path relative to it), in path order; each read when it is encoded. Files that are not
         images are left out by :meth:`runjob.Inputs.files`."""
@@ -240,7 +251,7 @@ class ImageFileInputs(Inputs):
             for file in self.files(root)
         ]
 
-    def encode(self, record: dict):
+    def encode(self, record: dict[str, Path | bytes]) -> torch.Tensor:
         from PIL import Image
 
         if "image" not in record:
@@ -257,7 +268,7 @@ class ImageFileInputs(Inputs):
         return self.transform(decoded)
 
     @property
-    def transform(self):
+    def transform(self) -> Callable[[Image], torch.Tensor]:
         if self._transform is None:
             from torchvision import transforms
 
@@ -270,7 +281,7 @@ class ImageFileInputs(Inputs):
         return self._transform
 
 
-def _three_channels(image):
+def _three_channels(image: torch.Tensor) -> torch.Tensor:
     return image.expand(3, -1, -1)
 
 
@@ -304,7 +315,7 @@ def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
     )
 
 
-def _decoded(folder, options: ImageFolderOptions, flip: bool) -> ImageTensors:
+def _decoded(folder: ImageFolder, options: ImageFolderOptions, flip: bool) -> ImageTensors:
     """Every image of an ImageFolder decoded once (resized when image_size is set) into one uint8 tensor."""
     import torch
     from torchvision import transforms
@@ -351,7 +362,7 @@ def build_synthetic(options: SyntheticOptions) -> DatasetSplits:
     size = (3, options.image_size, options.image_size)
     mean, std = [127.5 / 255] * 3, [64 / 255] * 3  # roughly zero mean, unit spread
 
-    def split(count: int, augment: bool):
+    def split(count: int, augment: bool) -> ImageTensors | TensorDataset:
         images = torch.randint(0, 256, (count, *size), generator=generator, dtype=torch.uint8)
         labels = torch.randint(0, options.num_classes, (count,), generator=generator)
         if options.in_memory:
@@ -364,13 +375,13 @@ def build_synthetic(options: SyntheticOptions) -> DatasetSplits:
 
 
 @hookimpl
-def runjob_register_inputs(register):
+def runjob_register_inputs(register: Register) -> None:
     """Register image_files (the image datasets' inputs, kept by a run as its size and normalization)."""
     register("image_files", ImageFileInputs, description="image files, resized and normalized as the validation split")
 
 
 @hookimpl
-def runjob_register_datasets(register):
+def runjob_register_datasets(register: Register) -> None:
     """Register cifar10, imagefolder and synthetic."""
     register(
         "cifar10",

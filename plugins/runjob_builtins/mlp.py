@@ -12,11 +12,16 @@ Job files use it as::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 
 from runjob import DataFacts, Options, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+
+    from runjob import Register
 
 
 class MLPOptions(Options):
@@ -40,7 +45,7 @@ class MLPOptions(Options):
         return widths
 
 
-def build_mlp(options: MLPOptions, data: DataFacts):
+def build_mlp(options: MLPOptions, data: DataFacts) -> torch.nn.Sequential:
     import math
 
     import torch.nn as nn
@@ -63,6 +68,6 @@ def build_mlp(options: MLPOptions, data: DataFacts):
 
 
 @hookimpl
-def runjob_register_models(register):
+def runjob_register_models(register: Register) -> None:
     """Register mlp."""
     register("mlp", build_mlp, options=MLPOptions, description="linear layers and activations, for feature vectors")

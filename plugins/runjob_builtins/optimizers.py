@@ -6,9 +6,19 @@ defaults of every group that does not set its own."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from pydantic import Field, model_validator
 
 from runjob import Options, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+
+    from runjob import Register
+
+    ParamGroups = list[dict[str, Any]]
+    """The host's param groups: ``params`` (tensors), ``param_names`` (strings), ``lr``, ``weight_decay``."""
 
 
 class ImplementationOptions(Options):
@@ -20,13 +30,10 @@ class ImplementationOptions(Options):
     """One fused kernel for the whole update (CUDA and CPU)."""
 
     @model_validator(mode="after")
-    def _one_implementation(self):
+    def _one_implementation(self) -> ImplementationOptions:
         if self.foreach and self.fused:
             raise ValueError("foreach = true and fused = true cannot both be set: choose one")
         return self
-
-    def implementation(self) -> dict:
-        return {"foreach": self.foreach, "fused": self.fused}
 
 
 class SGDOptions(ImplementationOptions):
@@ -59,7 +66,7 @@ class AdamWOptions(AdamOptions):
     weight_decay: float = Field(0.01, ge=0)
 
 
-def build_sgd(params, options: SGDOptions):
+def build_sgd(params: ParamGroups, options: SGDOptions) -> torch.optim.SGD:
     import torch
 
     return torch.optim.SGD(
@@ -68,38 +75,41 @@ def build_sgd(params, options: SGDOptions):
         momentum=options.momentum,
         nesterov=options.nesterov,
         weight_decay=options.weight_decay,
-        **options.implementation(),
+        foreach=options.foreach,
+        fused=options.fused,
     )
 
 
-def build_adam(params, options: AdamOptions):
+def build_adam(params: ParamGroups, options: AdamOptions) -> torch.optim.Adam:
     import torch
 
     return torch.optim.Adam(
         params,
         lr=options.lr,
-        betas=tuple(options.betas),
+        betas=(options.betas[0], options.betas[1]),  # two, as the options require
         eps=options.eps,
         weight_decay=options.weight_decay,
-        **options.implementation(),
+        foreach=options.foreach,
+        fused=options.fused,
     )
 
 
-def build_adamw(params, options: AdamWOptions):
+def build_adamw(params: ParamGroups, options: AdamWOptions) -> torch.optim.AdamW:
     import torch
 
     return torch.optim.AdamW(
         params,
         lr=options.lr,
-        betas=tuple(options.betas),
+        betas=(options.betas[0], options.betas[1]),  # two, as the options require
         eps=options.eps,
         weight_decay=options.weight_decay,
-        **options.implementation(),
+        foreach=options.foreach,
+        fused=options.fused,
     )
 
 
 @hookimpl
-def runjob_register_optimizers(register):
+def runjob_register_optimizers(register: Register) -> None:
     """Register sgd, adam and adamw."""
     register("sgd", build_sgd, options=SGDOptions, description="torch.optim.SGD (momentum, nesterov)")
     register("adam", build_adam, options=AdamOptions, description="torch.optim.Adam")

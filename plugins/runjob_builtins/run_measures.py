@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 from runjob import (
     Callback,
     CallbackOptions,
-    Run,
     RunFolder,
     hookimpl,
     model_flops_per_unit,
@@ -27,6 +26,9 @@ from runjob.tags import (  # the one owner of runjob's tag names, public
     FLOPS_COUNTED_TAG,
     flops_per_tag,
 )
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    from runjob import Register, Run
 
 
 class BestWeights(Callback):
@@ -48,7 +50,7 @@ class BestWeights(Callback):
         self.evaluated: dict[str, float] = {}
 
     def on_run_start(self, run: Run) -> None:
-        self.metric = run.job.train.best_metric
+        self.metric = run.job.train.best_metric or ""  # a resolved job names its best_metric
         self.higher_is_better = run.job.metrics[self.metric] == "max"
         folder = RunFolder(run.output_dir)
         self.folder, self.record = folder.best_dir, folder.best_file
@@ -84,7 +86,7 @@ class ThroughputOptions(CallbackOptions):
     ``train/tflops`` and, where the device's peak is known (``train.peak_tflops``, or a known GPU
     in bf16/fp16), ``train/mfu``."""
 
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[str, Literal["max", "min"]]:
         return {"train/tflops": "max", "train/mfu": "max"}
 
 
@@ -102,14 +104,14 @@ class Throughput(Callback):
         self.seconds = 0.0  # training time in this window before the current stretch
         self.since: float | None = None  # when the current stretch of training began
 
-    def on_run_start(self, run: Any) -> None:
+    def on_run_start(self, run: Run) -> None:
         train = run.job.train
         self.peak = peak_flops(run.accelerator.device, train.mixed_precision, train.peak_tflops)
 
-    def on_epoch_start(self, run: Any, step: int, epoch: int) -> None:
+    def on_epoch_start(self, run: Run, step: int, epoch: int) -> None:
         self.since = time.perf_counter()
 
-    def on_batch(self, run: Any, step: int, epoch: int, batch: Any) -> None:
+    def on_batch(self, run: Run, step: int, epoch: int, batch: object) -> None:
         if self.count_flops:
             self.count_flops = False
             began = time.perf_counter()
@@ -118,7 +120,7 @@ class Throughput(Callback):
                 self.since += time.perf_counter() - began
         self.units += run.task.count(batch)
 
-    def _count(self, run: Any, batch: Any) -> None:
+    def _count(self, run: Run, batch: object) -> None:
         # stated by the model, else counted on a meta copy of the built model (its factory runs once
         # per run), else on one real forward pass
         self.flops_per_unit, how = model_flops_per_unit(run.model, run.task, batch)
@@ -126,15 +128,15 @@ class Throughput(Callback):
             unit = run.task.unit.removesuffix("s")
             run.set_tags({flops_per_tag(unit): f"{self.flops_per_unit:.6g}", FLOPS_COUNTED_TAG: how})
 
-    def on_evaluation_start(self, run: Any, step: int, epoch: int) -> None:
+    def on_evaluation_start(self, run: Run, step: int, epoch: int) -> None:
         if self.since is not None:
             self.seconds += time.perf_counter() - self.since
             self.since = None
 
-    def on_evaluation_end(self, run: Any, step: int, epoch: int) -> None:
+    def on_evaluation_end(self, run: Run, step: int, epoch: int) -> None:
         self.since = time.perf_counter()
 
-    def on_log(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+    def on_log(self, run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
         now = time.perf_counter()
         seconds = max(self.seconds + (now - self.since if self.since is not None else 0.0), 1e-9)
         processes = run.accelerator.num_processes
@@ -156,7 +158,7 @@ class PeakMemory(Callback):
     def __init__(self, options: CallbackOptions) -> None:
         pass
 
-    def on_log(self, run: Any, step: int, epoch: int, metrics: dict[str, float]) -> None:
+    def on_log(self, run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
         device = run.accelerator.device
         if device.type == "cuda":
             import torch
@@ -169,7 +171,7 @@ class PeakMemory(Callback):
 
 
 class PeakMemoryOptions(CallbackOptions):
-    def metrics(self) -> dict[str, Any]:
+    def metrics(self) -> dict[str, Literal["max", "min"]]:
         return {"train/peak_memory_gib": "min", "train/peak_rss_gib": "min"}
 
 
@@ -178,7 +180,7 @@ class BestWeightsOptions(CallbackOptions):
 
 
 @hookimpl
-def runjob_register_callbacks(register):
+def runjob_register_callbacks(register: Register) -> None:
     """Register best_weights, throughput and peak_memory, on in every job."""
     register(
         "best_weights",

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from runjob import Options, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+    from torch.optim.lr_scheduler import LambdaLR, OneCycleLR, StepLR
+
+    from runjob import Register
 
 
 class CosineOptions(Options):
@@ -32,7 +38,7 @@ class StepOptions(Options):
     gamma: float = Field(0.1, gt=0, le=1)
 
 
-def build_none(optimizer, options, total_steps):
+def build_none(optimizer: torch.optim.Optimizer, options: Options, total_steps: int) -> None:
     return None
 
 
@@ -45,7 +51,7 @@ def cosine_factor(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: 
     return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_cosine(optimizer, options: CosineOptions, total_steps: int):
+def build_cosine(optimizer: torch.optim.Optimizer, options: CosineOptions, total_steps: int) -> LambdaLR:
     from functools import partial
 
     import torch
@@ -56,7 +62,7 @@ def build_cosine(optimizer, options: CosineOptions, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def build_onecycle(optimizer, options: OneCycleOptions, total_steps: int):
+def build_onecycle(optimizer: torch.optim.Optimizer, options: OneCycleOptions, total_steps: int) -> OneCycleLR:
     import torch
 
     max_lr = options.max_lr or [group["lr"] for group in optimizer.param_groups]
@@ -72,14 +78,14 @@ def build_onecycle(optimizer, options: OneCycleOptions, total_steps: int):
     )
 
 
-def build_step(optimizer, options: StepOptions, total_steps: int):
+def build_step(optimizer: torch.optim.Optimizer, options: StepOptions, total_steps: int) -> StepLR:
     import torch
 
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=options.step_size, gamma=options.gamma)
 
 
 @hookimpl
-def runjob_register_schedulers(register):
+def runjob_register_schedulers(register: Register) -> None:
     """Register none, cosine (with warm-up), onecycle and step."""
     register("none", build_none, description="constant learning rate")
     register(

@@ -26,11 +26,16 @@ depend on the batch size or the number of processes.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import Field
 
 from runjob import DatasetSplits, Task, TaskOptions, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+
+    from runjob import Register
 
 
 class SegmentationOptions(TaskOptions):
@@ -39,7 +44,7 @@ class SegmentationOptions(TaskOptions):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     """Share of each pixel's target spread evenly over all classes (0: plain cross-entropy)."""
 
-    def metrics(self) -> dict[str, str]:
+    def metrics(self) -> dict[str, Literal["max", "min"]]:
         return {"miou": "max", "pixel_accuracy": "max", "loss": "min"}
 
 
@@ -50,10 +55,10 @@ class Segmentation(Task):
         self.options = options
         self.num_classes = num_classes
 
-    def targets(self, batch: Any) -> Any:
-        return super().targets(batch).long()  # no copy when the masks are int64 already
+    def targets(self, batch: object) -> torch.Tensor:
+        return cast("torch.Tensor", super().targets(batch)).long()  # no copy when the masks are int64 already
 
-    def loss(self, outputs: Any, batch: Any) -> Any:
+    def loss(self, outputs: torch.Tensor, batch: object) -> torch.Tensor:
         import torch.nn.functional as F
 
         return F.cross_entropy(
@@ -63,7 +68,7 @@ class Segmentation(Task):
             label_smoothing=self.options.label_smoothing,
         )
 
-    def check(self, outputs: Any, batch: Any) -> None:
+    def check(self, outputs: torch.Tensor, batch: object) -> None:
         classes = self._classes()
         masks = self.targets(batch)
         shape, mask_shape = tuple(outputs.shape), tuple(masks.shape)
@@ -97,7 +102,7 @@ class Segmentation(Task):
             )
         return self.num_classes
 
-    def _check_mask_values(self, masks: Any, classes: int) -> None:
+    def _check_mask_values(self, masks: torch.Tensor, classes: int) -> None:
         # once, on the first batch: a class index out of range fails deep inside cross_entropy on
         # the CPU and as a device-side assert on CUDA, neither of which says what to fix
         ignore = self.options.ignore_index
@@ -112,7 +117,7 @@ class Segmentation(Task):
                 f"pixels to leave out must be task.ignore_index = {ignore}, or set it to their value"
             )
 
-    def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
+    def evaluate(self, outputs: torch.Tensor, batch: object) -> dict[str, torch.Tensor]:
         import torch
         import torch.nn.functional as F
 
@@ -152,7 +157,7 @@ class Segmentation(Task):
         }
 
 
-def per_class(classes: Any, counted: Any, num_classes: int) -> Any:
+def per_class(classes: torch.Tensor, counted: torch.Tensor, num_classes: int) -> torch.Tensor:
     """``(N, num_classes)`` int64: for each sample, how many of its pixels where ``counted`` is true
     have each class in ``classes`` (``(N, H, W)`` indices, each in range)."""
     import torch
@@ -166,7 +171,7 @@ def build_segmentation(options: SegmentationOptions, data: DatasetSplits) -> Seg
 
 
 @hookimpl
-def runjob_register_tasks(register):
+def runjob_register_tasks(register: Register) -> None:
     register(
         "segmentation",
         build_segmentation,

@@ -9,11 +9,14 @@ DeepSpeed without a GPU).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
 from runjob import ExistingFile, Options, RunjobError, StrategyPlan, hookimpl
+
+if TYPE_CHECKING:
+    from runjob import Register
 
 MULTI_PROCESS_DDP = (
     "MULTI_GPU",
@@ -139,7 +142,7 @@ def build_fsdp(options: FSDPOptions) -> StrategyPlan:
         reshard = options.reshard_after_forward
         if reshard is None:
             reshard = options.sharding_strategy != "SHARD_GRAD_OP"
-        version_specific = {"reshard_after_forward": reshard}
+        version_specific: dict[str, object] = {"reshard_after_forward": reshard}
     else:
         version_specific = {
             "sharding_strategy": options.sharding_strategy or "FULL_SHARD",
@@ -149,7 +152,7 @@ def build_fsdp(options: FSDPOptions) -> StrategyPlan:
             "limit_all_gathers": _default(options.limit_all_gathers, True),
             "sync_module_states": _default(options.sync_module_states, True),
         }
-    wrap = {"auto_wrap_policy": options.auto_wrap_policy}
+    wrap: dict[str, object] = {"auto_wrap_policy": options.auto_wrap_policy}
     if options.auto_wrap_policy == "transformer_based_wrap":
         wrap["transformer_cls_names_to_wrap"] = options.transformer_layer_cls_to_wrap
     if options.auto_wrap_policy == "size_based_wrap":
@@ -193,12 +196,12 @@ def build_deepspeed(options: DeepSpeedOptions) -> StrategyPlan:
     )
 
 
-def build_single(options) -> StrategyPlan:
+def build_single(options: Options) -> StrategyPlan:
     return StrategyPlan(expected_distributed_types=ONE_PROCESS)  # one process: stated at registration
 
 
 @hookimpl
-def runjob_register_strategies(register):
+def runjob_register_strategies(register: Register) -> None:
     """Register ddp, fsdp, deepspeed and single."""
     register(
         "ddp",

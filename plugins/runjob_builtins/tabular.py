@@ -36,11 +36,16 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
 from runjob import DataError, DatasetSplits, ExistingFile, Inputs, Options, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+
+    from runjob import Register
 
 LISTED_COLUMNS = 30
 """How many of a file's column names a message lists before it says '... (N columns)'."""
@@ -303,14 +308,16 @@ def class_indices(table: Table, column: str) -> tuple[list[int], list[str]]:
             break
     if numeric and all(not math.isnan(value) for value in numeric):
         order = sorted(numeric)
-        position = {value: i for i, value in enumerate(order)}
-        return [position[float(cell)] for cell in cells], [numeric[value] for value in order]
+        by_number = {value: i for i, value in enumerate(order)}
+        return [by_number[float(cell)] for cell in cells], [numeric[value] for value in order]
     classes = sorted(set(cells))
-    position = {name: i for i, name in enumerate(classes)}
-    return [position[cell] for cell in cells], classes
+    by_name = {name: i for i, name in enumerate(classes)}
+    return [by_name[cell] for cell in cells], classes
 
 
-def split_rows(count: int, val_fraction: float, test_fraction: float, seed: int, path: str):
+def split_rows(
+    count: int, val_fraction: float, test_fraction: float, seed: int, path: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A fixed random split of ``range(count)`` into (train, val, test) index tensors, each in
     file order; a DataError when a split would be empty."""
     import torch
@@ -327,14 +334,14 @@ def split_rows(count: int, val_fraction: float, test_fraction: float, seed: int,
     return train.sort().values, val.sort().values, test.sort().values
 
 
-def standardized(train, *others):
+def standardized(train: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor]:
     """``train`` and ``others`` (float64 (N, F) tensors) scaled by train's per-column mean and
     standard deviation (population, ddof 0; 1 for a constant column), as float32."""
     mean, std = feature_scale(train)
     return [((split - mean) / std).float() for split in (train, *others)]
 
 
-def feature_scale(train):
+def feature_scale(train: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-column mean and standard deviation (population; 1 for a constant column) that
     :func:`standardized` scales by."""
     mean = train.mean(0)
@@ -380,7 +387,7 @@ class CSVInputs(Inputs):
             for (line, _), row in zip(table.rows, rows, strict=True)
         ]
 
-    def encode(self, record: dict[str, float]):
+    def encode(self, record: dict[str, float]) -> torch.Tensor:
         """The features in training order as float32, scaled in float64 as the training rows were."""
         import torch
 
@@ -401,15 +408,17 @@ class CSVInputs(Inputs):
         return row.float()
 
 
-def _is_number(value) -> bool:
+def _is_number(value: object) -> bool:
     try:
-        float(value)
+        float(value)  # type: ignore[arg-type]  # any value: float() says whether it is a number
     except (TypeError, ValueError):
         return False
     return True
 
 
-def _baselines(targets, train_idx, val_idx, target_type: str) -> dict[str, float]:
+def _baselines(
+    targets: torch.Tensor, train_idx: torch.Tensor, val_idx: torch.Tensor, target_type: str
+) -> dict[str, float]:
     """What a model that ignores the features scores on the validation rows: the training mean
     (values) or the most frequent training class."""
     import torch
@@ -478,13 +487,13 @@ def build_csv(options: CSVOptions) -> DatasetSplits:
 
 
 @hookimpl
-def runjob_register_inputs(register):
+def runjob_register_inputs(register: Register) -> None:
     """Register csv_rows (the csv dataset's inputs, kept by a run as its feature names and scale)."""
     register("csv_rows", CSVInputs, description="rows of a CSV's feature columns, standardized as in training")
 
 
 @hookimpl
-def runjob_register_datasets(register):
+def runjob_register_datasets(register: Register) -> None:
     """Register csv."""
     register(
         "csv",

@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import Field
 
 from runjob import Generating, Task, TaskOptions, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+
+    from runjob import Register
+
+# A model's outputs (a tensor, a dict, a Hugging Face ModelOutput: logits_of takes them) and a batch
+# (what the DataLoader yields) are annotated ``object``: the tasks read them through Task's helpers.
 
 # --- classification ---------------------------------------------------------------------------------
 
@@ -41,12 +49,12 @@ class Classification(Task):
         self.top_k = options.top_k
         self.num_classes = num_classes
 
-    def loss(self, outputs: Any, batch: Any) -> Any:
+    def loss(self, outputs: object, batch: object) -> torch.Tensor:
         import torch.nn.functional as F
 
         return F.cross_entropy(self.logits_of(outputs), self.targets(batch), label_smoothing=self.label_smoothing)
 
-    def check(self, outputs: Any, batch: Any) -> None:
+    def check(self, outputs: object, batch: object) -> None:
         outputs = self.logits_of(outputs)
         classes = self.num_classes
         if outputs.ndim != 2 or (classes is not None and outputs.shape[1] != classes):
@@ -56,7 +64,7 @@ class Classification(Task):
                 f"outputs of shape {tuple(outputs.shape)}, but the dataset has {classes} classes: set "
                 f"model.num_classes = {classes} (or the model's own option for its number of outputs)"
             )
-        targets = self.targets(batch)
+        targets: torch.Tensor = self.targets(batch)
         if targets.is_floating_point() and targets.shape != outputs.shape:
             raise ValueError(
                 f"targets of shape {tuple(targets.shape)} are probabilities but do not match the outputs' shape"
@@ -64,10 +72,10 @@ class Classification(Task):
         if self.top_k and self.top_k > outputs.shape[1]:
             raise ValueError(f"task.top_k = {self.top_k}, but there are only {outputs.shape[1]} classes")
 
-    def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
+    def evaluate(self, outputs: object, batch: object) -> dict[str, torch.Tensor]:
         import torch.nn.functional as F
 
-        outputs, targets = self.logits_of(outputs), self.targets(batch)
+        outputs, targets = self.logits_of(outputs), cast("torch.Tensor", self.targets(batch))
         losses = F.cross_entropy(outputs.float(), targets, reduction="none")
         classes = targets.argmax(dim=-1) if targets.is_floating_point() else targets
         values = {"loss": losses, "correct": outputs.argmax(dim=-1) == classes}
@@ -75,13 +83,13 @@ class Classification(Task):
             values["in_top_k"] = (outputs.topk(self.top_k, dim=-1).indices == classes[:, None]).any(dim=-1)
         return values
 
-    def summarize(self, totals: dict[str, Any], count: int) -> dict[str, float]:
-        summary = {"accuracy": totals["correct"] / count, "loss": totals["loss"] / count}
+    def summarize(self, totals: dict[str, float], count: int) -> dict[str, float]:
+        summary: dict[str, float] = {"accuracy": totals["correct"] / count, "loss": totals["loss"] / count}
         if self.top_k:
             summary[f"top{self.top_k}"] = totals["in_top_k"] / count
         return summary
 
-    def predict(self, outputs: Any) -> dict[str, Any]:
+    def predict(self, outputs: object) -> dict[str, torch.Tensor]:
         """The most likely class of each sample and its probability (softmax of the logits)."""
         probability, index = self.logits_of(outputs).float().softmax(dim=-1).max(dim=-1)
         return {"class": index, "probability": probability}
@@ -108,9 +116,9 @@ class Regression(Task):
         self.kind = options.loss
         self.delta = options.huber_delta
 
-    def _pair(self, outputs: Any, batch: Any) -> tuple[Any, Any]:
+    def _pair(self, outputs: object, batch: object) -> tuple[torch.Tensor, torch.Tensor]:
         """Outputs and targets as float ``(batch, k)``, the same shape, or a ValueError saying how they differ."""
-        outputs, targets = self.logits_of(outputs), self.targets(batch)
+        outputs, targets = self.logits_of(outputs), cast("torch.Tensor", self.targets(batch))
         wide_targets = targets[:, None] if targets.ndim == 1 else targets
         wide_outputs = outputs[:, None] if outputs.ndim == 1 else outputs
         if wide_outputs.shape != wide_targets.shape:
@@ -121,7 +129,7 @@ class Regression(Task):
             )
         return wide_outputs.float(), wide_targets.to(wide_outputs.device, dtype=wide_outputs.dtype).float()
 
-    def _per_value(self, outputs: Any, targets: Any) -> Any:
+    def _per_value(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         import torch.nn.functional as F
 
         if self.kind == "mse":
@@ -130,13 +138,13 @@ class Regression(Task):
             return F.l1_loss(outputs, targets, reduction="none")
         return F.huber_loss(outputs, targets, reduction="none", delta=self.delta)
 
-    def loss(self, outputs: Any, batch: Any) -> Any:
+    def loss(self, outputs: object, batch: object) -> torch.Tensor:
         return self._per_value(*self._pair(outputs, batch)).mean()
 
-    def check(self, outputs: Any, batch: Any) -> None:
+    def check(self, outputs: object, batch: object) -> None:
         self._pair(outputs, batch)
 
-    def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
+    def evaluate(self, outputs: object, batch: object) -> dict[str, torch.Tensor]:
         outputs, targets = self._pair(outputs, batch)
         error = outputs - targets
         return {
@@ -149,7 +157,7 @@ class Regression(Task):
 
     def summarize(self, totals: dict[str, Any], count: int) -> dict[str, float]:
         values = len(totals["squared"])
-        r2 = []
+        r2: list[float] = []
         for sse, total, total_squared in zip(
             totals["squared"], totals["target"], totals["target_squared"], strict=True
         ):
@@ -162,7 +170,7 @@ class Regression(Task):
             "loss": totals["loss"] / count,
         }
 
-    def predict(self, outputs: Any) -> dict[str, Any]:
+    def predict(self, outputs: object) -> dict[str, torch.Tensor]:
         """The predicted values: ``(batch,)`` for one value (a ``(batch, 1)`` output included), else ``(batch, k)``."""
         outputs = self.logits_of(outputs)
         return {"value": outputs[:, 0] if outputs.ndim == 2 and outputs.shape[1] == 1 else outputs}
@@ -202,31 +210,32 @@ class LanguageModeling(Task, Generating):
         self._warned_unmasked = False
 
     @staticmethod
-    def _real_pairs(mask: Any) -> Any:
+    def _real_pairs(mask: torch.Tensor) -> torch.Tensor:
         """``(batch, T)``: whether each (input token, next token) pair of a padded batch is real."""
         return (mask[:, :-1] != 0) & (mask[:, 1:] != 0)
 
-    def _split(self, batch: Any) -> tuple[Any, Any]:
+    def _split(self, batch: object) -> tuple[torch.Tensor, torch.Tensor]:
         if isinstance(batch, dict):
             if "input_ids" not in batch:
                 raise ValueError(f"a dict batch needs 'input_ids' (it has {', '.join(map(str, batch))})")
-            tokens = batch["input_ids"]
-            labels = batch.get("labels", tokens)[:, 1:]
+            tokens: torch.Tensor = batch["input_ids"]
+            labels: torch.Tensor = batch.get("labels", tokens)[:, 1:]
             if batch.get("attention_mask") is not None:
                 labels = labels.masked_fill(~self._real_pairs(batch["attention_mask"]), self.ignore_index)
             return tokens[:, :-1], labels
         if isinstance(batch, (tuple, list)):
             return batch[0], batch[1]
-        return batch[:, :-1], batch[:, 1:]
+        tokens = cast("torch.Tensor", batch)
+        return tokens[:, :-1], tokens[:, 1:]
 
-    def inputs(self, batch: Any) -> Any:
+    def inputs(self, batch: object) -> torch.Tensor:
         """The token ids the model reads, a tensor (what a prompt is at prediction)."""
         return self._split(batch)[0]
 
-    def targets(self, batch: Any) -> Any:
+    def targets(self, batch: object) -> torch.Tensor:
         return self._split(batch)[1]
 
-    def forward(self, model: Any, batch: Any) -> Any:
+    def forward(self, model: torch.nn.Module, batch: object) -> object:
         """:meth:`call_model` on the token ids (:meth:`inputs`); for a dict batch with an
         ``attention_mask`` or ``position_ids``, on a dict of those and ``input_ids`` (each without its
         last position, as the token ids), so the padding reaches the model."""
@@ -238,14 +247,14 @@ class LanguageModeling(Task, Generating):
                 return self.call_model(model, {"input_ids": tokens, **padding})
         return self.call_model(model, tokens)
 
-    def call_model(self, model: Any, inputs: Any) -> Any:
+    def call_model(self, model: torch.nn.Module, inputs: object) -> object:
         """A tensor of token ids goes in positionally. A dict (a padded batch) goes in as keyword
         arguments to a model whose ``forward`` names ``input_ids`` (a Hugging Face model), with
         ``position_ids`` counted from the mask when it names them and the batch has none; any other
         model gets ``input_ids`` positionally (a ``UserWarning``, once, says its padding is not
         masked inside the model)."""
         if isinstance(inputs, dict):
-            mask = inputs.get("attention_mask")
+            mask: torch.Tensor | None = inputs.get("attention_mask")
             if mask is not None and not self.takes_keyword(model, "attention_mask"):
                 self._warn_unmasked(model)
             if not self.takes_keyword(model, "input_ids"):
@@ -255,7 +264,7 @@ class LanguageModeling(Task, Generating):
                 inputs = {**inputs, "position_ids": positions.masked_fill(mask == 0, 1)}
         return super().call_model(model, inputs)
 
-    def _warn_unmasked(self, model: Any) -> None:
+    def _warn_unmasked(self, model: torch.nn.Module) -> None:
         if not self._warned_unmasked:
             self._warned_unmasked = True
             warnings.warn(
@@ -266,13 +275,13 @@ class LanguageModeling(Task, Generating):
                 stacklevel=3,
             )
 
-    def loss(self, outputs: Any, batch: Any) -> Any:
+    def loss(self, outputs: object, batch: object) -> torch.Tensor:
         import torch.nn.functional as F
 
-        logits = self.logits_of(outputs)
+        logits: torch.Tensor = self.logits_of(outputs)
         return F.cross_entropy(logits.flatten(0, 1), self.targets(batch).flatten(), ignore_index=self.ignore_index)
 
-    def check(self, outputs: Any, batch: Any) -> None:
+    def check(self, outputs: object, batch: object) -> None:
         outputs, targets = self.logits_of(outputs), self.targets(batch)
         if outputs.ndim != 3 or outputs.shape[:2] != targets.shape:
             raise ValueError(
@@ -285,15 +294,15 @@ class LanguageModeling(Task, Generating):
                 f"{self.vocabulary}: set model.vocab_size = {self.vocabulary}"
             )
 
-    def count(self, batch: Any) -> int:
+    def count(self, batch: object) -> int:
         """The targets of a batch; of a padded one, only the real ones (both tokens of the pair real
         under ``attention_mask``): that reads the mask, one small read from the device a step."""
-        mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+        mask: torch.Tensor | None = batch.get("attention_mask") if isinstance(batch, dict) else None
         if mask is not None and mask.device.type != "meta":  # FLOP counting passes shapes only
             return int(self._real_pairs(mask).sum())
         return int(self.targets(batch).numel())
 
-    def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
+    def evaluate(self, outputs: object, batch: object) -> dict[str, torch.Tensor]:
         import torch.nn.functional as F
 
         outputs, targets = self.logits_of(outputs), self.targets(batch)
@@ -302,15 +311,23 @@ class LanguageModeling(Task, Generating):
         ).view(targets.shape)
         return {"loss": losses.sum(dim=1), "tokens": (targets != self.ignore_index).sum(dim=1)}
 
-    def summarize(self, totals: dict[str, Any], count: int) -> dict[str, float]:
-        loss = totals["loss"] / totals["tokens"] if totals["tokens"] else float("nan")
+    def summarize(self, totals: dict[str, float], count: int) -> dict[str, float]:
+        loss: float = totals["loss"] / totals["tokens"] if totals["tokens"] else float("nan")
         return {"perplexity": math.exp(loss) if loss < 700 else float("inf"), "loss": loss}
 
-    def predict(self, outputs: Any) -> dict[str, Any]:
+    def predict(self, outputs: object) -> dict[str, torch.Tensor]:
         """The most likely next token after each sample's last position."""
         return {"next_token": self.logits_of(outputs)[:, -1].argmax(dim=-1)}
 
-    def generate(self, model: Any, tokens: Any, max_new_tokens: int, context: int, temperature: float, generator: Any):
+    def generate(
+        self,
+        model: torch.nn.Module,
+        tokens: torch.Tensor,
+        max_new_tokens: int,
+        context: int,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> torch.Tensor:
         """Token by token: the model reads the last ``context`` tokens and the next one is its most
         likely (``temperature`` 0) or drawn from the softmax of its logits divided by ``temperature``."""
         import torch
@@ -318,7 +335,7 @@ class LanguageModeling(Task, Generating):
         new = []
         with torch.no_grad():
             for _ in range(max_new_tokens):
-                logits = self.logits_of(self.call_model(model, tokens[:, -context:]))[:, -1].float()
+                logits: torch.Tensor = self.logits_of(self.call_model(model, tokens[:, -context:]))[:, -1].float()
                 if self.vocabulary is not None:
                     logits = logits[:, : self.vocabulary]  # ids past the data's vocabulary were never targets
                 if temperature > 0:
@@ -332,7 +349,7 @@ class LanguageModeling(Task, Generating):
 
 
 @hookimpl
-def runjob_register_tasks(register):
+def runjob_register_tasks(register: Register) -> None:
     """Register classification, regression and language_modeling."""
     register(
         "classification",

@@ -13,11 +13,18 @@ import math
 import os
 import random
 import sysconfig
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator, model_validator
 
 from runjob import DataError, DatasetSplits, Inputs, Options, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+
+    from runjob import Register
 
 STDLIB = "{stdlib}"
 _NOT_STDLIB = {"site-packages", "dist-packages"}  # installed packages that may live inside the stdlib folder
@@ -43,7 +50,7 @@ def expand(pattern: str) -> str:
     return os.path.abspath(os.path.expanduser(pattern.replace(STDLIB, stdlib_folder())))
 
 
-def matches(pattern: str):
+def matches(pattern: str) -> Iterator[str]:
     """The files ``pattern`` matches (recursive ``**`` allowed), lazily, in the file system's order.
     Under ``{stdlib}``, files in ``site-packages`` / ``dist-packages`` are not the standard library
     and are skipped, so the corpus is the same whatever packages an install holds."""
@@ -111,20 +118,20 @@ class TokenWindows:
     def __len__(self) -> int:
         return max(0, (len(self.tokens) - 1) // self.context)
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int) -> torch.Tensor:
         if not -len(self) <= index < len(self):
             raise IndexError(f"window {index} out of range ({len(self)} windows)")
         start = (index % len(self)) * self.context
         return self.tokens[start : start + self.context + 1].long()
 
-    def __getitems__(self, indices: list[int]) -> list:
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
         # one gather and one conversion for the whole batch; the collate function stacks the rows
         import torch
 
         starts = torch.tensor(indices, dtype=torch.long) * self.context
         return list(self.tokens[starts[:, None] + torch.arange(self.context + 1)].long())
 
-    def targets(self):
+    def targets(self) -> torch.Tensor:
         """Every byte this split's windows predict, as one uint8 tensor."""
         return self.tokens[1 : len(self) * self.context + 1]
 
@@ -133,7 +140,9 @@ def read_corpus(options: TextFilesOptions) -> list[tuple[str, bytes]]:
     """The matched files' contents in sorted path order, byte-identical duplicates dropped (the first
     kept), stopping at ``max_bytes`` (the last file cut to fit)."""
     paths = sorted({path for pattern in _patterns(options.paths) for path in matches(pattern)})
-    files, seen, total = [], set(), 0
+    files: list[tuple[str, bytes]] = []
+    seen: set[bytes] = set()
+    total = 0
     for path in paths:
         if options.max_bytes is not None and total >= options.max_bytes:
             break
@@ -160,7 +169,8 @@ def split_files(files: list[tuple[str, bytes]], options: TextFilesOptions) -> di
     shares = {"val": options.val_fraction * sum(sizes), "test": options.test_fraction * sum(sizes)}
     order = list(range(len(files)))
     random.Random(options.split_seed).shuffle(order)
-    split_of, held = {}, {"val": 0, "test": 0}
+    split_of: dict[int, str] = {}
+    held = {"val": 0, "test": 0}
     for index in order:
         split = next((s for s in held if held[s] + sizes[index] <= shares[s]), "train")
         split_of[index] = split
@@ -174,7 +184,7 @@ def split_files(files: list[tuple[str, bytes]], options: TextFilesOptions) -> di
     return {s: [files[i] for i in range(len(files)) if split_of[i] == s] for s in ("train", "val", "test")}
 
 
-def unigram_perplexity(train: bytes, targets) -> float:
+def unigram_perplexity(train: bytes, targets: torch.Tensor) -> float:
     """exp of the cross-entropy of ``targets`` (uint8 tensor) under the byte frequencies of ``train``,
     add-one smoothed: the perplexity of a model that ignores the context."""
     import torch
@@ -210,7 +220,7 @@ class TextPrompts(Inputs):
             )
         return prompts
 
-    def encode(self, record: dict):
+    def encode(self, record: dict[str, str | bytes]) -> torch.Tensor:
         import torch
 
         prompt = record.get("prompt")
@@ -220,7 +230,7 @@ class TextPrompts(Inputs):
             raise ValueError(f"'prompt' must be non-empty text, got {type(prompt).__name__} {prompt!r:.40}")
         return torch.frombuffer(bytearray(prompt), dtype=torch.uint8).long()
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         """Byte tokens back to text (UTF-8; a byte sequence cut mid-character shows as U+FFFD)."""
         return bytes(int(token) for token in ids).decode("utf-8", errors="replace")
 
@@ -260,13 +270,13 @@ def build_text_files(options: TextFilesOptions) -> DatasetSplits:
 
 
 @hookimpl
-def runjob_register_inputs(register):
+def runjob_register_inputs(register: Register) -> None:
     """Register text_prompts (text_files' inputs: bytes are tokens, so they keep nothing)."""
     register("text_prompts", TextPrompts, description="prompts for a byte-level language model")
 
 
 @hookimpl
-def runjob_register_datasets(register):
+def runjob_register_datasets(register: Register) -> None:
     """Register text_files."""
     register(
         "text_files",

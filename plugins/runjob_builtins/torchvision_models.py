@@ -11,12 +11,18 @@ import importlib.util
 import os
 from functools import partial
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, cast
 from urllib.parse import urlparse
 
 from pydantic import Field, field_validator
 
 from runjob import DataFacts, Options, RunjobError, hookimpl
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch or torchvision
+    import torch
+    from torchvision.models import WeightsEnum
+
+    from runjob import Register
 
 # torchvision.models.list_models() needs torch imported; the names are listed here so that
 # loading plugins stays fast. tests/test_builtin_plugins.py checks them against torchvision.
@@ -122,7 +128,9 @@ class ClassifierOptions(Options):
     @field_validator("weights")
     @classmethod
     def _known_weights(cls, value: str | None) -> str | None:
-        known = known_weights(cls.model_name) if value is not None and cls.model_name else None
+        if value is None or not cls.model_name:
+            return value
+        known = known_weights(cls.model_name)
         if known and value not in known:
             raise ValueError(unknown_weights(cls.model_name, value, known))
         return value
@@ -158,6 +166,8 @@ def known_weights(model: str) -> tuple[str, ...] | None:
             tree = ast.parse(text)
             builder = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == model)
             argument = next(a for a in builder.args.kwonlyargs if a.arg == "weights")
+            if argument.annotation is None:
+                return None
             enum = next(
                 n.id for n in ast.walk(argument.annotation) if isinstance(n, ast.Name) and n.id.endswith("_Weights")
             )
@@ -169,7 +179,7 @@ def known_weights(model: str) -> tuple[str, ...] | None:
     return None
 
 
-def _weights_entry(name: str, value: str):
+def _weights_entry(name: str, value: str) -> WeightsEnum:
     """torchvision's weights enum member for ``model.weights = value``."""
     import torchvision.models
 
@@ -190,7 +200,7 @@ def _sha256_prefix_matches(path: Path, prefix: str) -> str | None:
     return None if found.startswith(prefix) else found[: len(prefix)]
 
 
-def weights_file(entry, value: str) -> Path:
+def weights_file(entry: WeightsEnum, value: str) -> Path:
     """The local file of torchvision weights ``entry``, in torch hub's checkpoint folder
     (``$TORCH_HOME/hub/checkpoints``): downloaded there (hash-checked) when missing; a file already
     there is checked against the sha256 prefix its name carries, as a download would be."""
@@ -198,7 +208,7 @@ def weights_file(entry, value: str) -> Path:
 
     from runjob.errors import describe
 
-    filename = os.path.basename(urlparse(entry.url).path)
+    filename: str = os.path.basename(urlparse(entry.url).path)
     folder = Path(torch.hub.get_dir()) / "checkpoints"
     path = folder / filename
     found = torch.hub.HASH_REGEX.search(filename)
@@ -223,7 +233,7 @@ def weights_file(entry, value: str) -> Path:
     return path
 
 
-def _architecture(name: str, entry) -> dict:
+def _architecture(name: str, entry: WeightsEnum) -> dict[str, object]:
     """What torchvision's builder sets when it loads these weights (the architecture they need)."""
     if name in _SINGLE_OUTPUT:  # trained with inputs transformed from ImageNet's normalization
         return {"transform_input": True}
@@ -232,7 +242,7 @@ def _architecture(name: str, entry) -> dict:
     return {}
 
 
-def load_pretrained(model, name: str, entry, value: str) -> str:
+def load_pretrained(model: torch.nn.Module, name: str, entry: WeightsEnum, value: str) -> str:
     """Load torchvision weights ``entry`` into ``model`` (built with the job's options) by name;
     tensors of another shape (a head for another ``num_classes``) keep their fresh init. Returns
     the line to show."""
@@ -264,28 +274,29 @@ def load_pretrained(model, name: str, entry, value: str) -> str:
     return line
 
 
-def build(name: str, options: ClassifierOptions, data: DataFacts | None = None):
+def build(name: str, options: ClassifierOptions, data: DataFacts | None = None) -> torch.nn.Module:
     """Build torchvision model ``name`` with the job's options (and its pretrained weights); its
     head has the dataset's classes unless ``num_classes`` says otherwise."""
     import torch.nn as nn
     import torchvision.models
 
-    entry = _weights_entry(name, options.weights) if options.weights else None
+    weights = options.weights
+    entry = _weights_entry(name, weights) if weights else None
     classes = options.num_classes or (data.num_classes if data is not None else None) or 1000
-    kwargs = {"num_classes": classes, **_SINGLE_OUTPUT.get(name, {})}
+    kwargs: dict[str, object] = {"num_classes": classes, **_SINGLE_OUTPUT.get(name, {})}
     if entry is not None:
         kwargs.update(_architecture(name, entry))
     if isinstance(options, ResNetOptions):
         kwargs["zero_init_residual"] = options.zero_init_residual
-    model = torchvision.models.get_model(name, **kwargs)
+    model = torchvision.models.get_model(name, **kwargs)  # torchvision has no type information
     if isinstance(options, ResNetOptions) and options.cifar_stem:
         model.conv1 = nn.Conv2d(3, model.conv1.out_channels, kernel_size=3, stride=1, padding=1, bias=False)
         model.maxpool = nn.Identity()
-    if entry is not None:
-        line = load_pretrained(model, name, entry, options.weights)
+    if entry is not None and weights:  # an entry only for weights
+        line = load_pretrained(model, name, entry, weights)
         if os.environ.get("RANK", "0") == "0":  # one line for the job, not one per process
             print(f"runjob: {line}", flush=True)
-    return model
+    return cast("torch.nn.Module", model)
 
 
 def _options_for(name: str, base: type[ClassifierOptions]) -> type[ClassifierOptions]:
@@ -294,7 +305,7 @@ def _options_for(name: str, base: type[ClassifierOptions]) -> type[ClassifierOpt
 
 
 @hookimpl
-def runjob_register_models(register):
+def runjob_register_models(register: Register) -> None:
     """Register every torchvision classification model under its torchvision name."""
     for name in RESNETS:
         register(

@@ -12,7 +12,7 @@ and datasets load inside the factories and methods.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import runjob
 from runjob_hf.inputs import Prompts, Texts, Words
@@ -24,10 +24,13 @@ from runjob_hf.options import (
 )
 from runjob_hf.tasks import BitsPerByte, BitsPerByteOptions, TokenClassification, TokenClassificationOptions
 
+if TYPE_CHECKING:  # annotations only: loading plugins never imports transformers
+    from transformers import PreTrainedModel
+
 __version__ = "0.1.0"
 
 
-def _build_model(options: HFModelOptions, data: Any = None) -> Any:
+def _build_model(options: HFModelOptions, data: runjob.DataFacts | None = None) -> PreTrainedModel:
     from runjob_hf.models import build_hf_model
 
     return build_hf_model(options, data)
@@ -51,7 +54,7 @@ def _build_token_classification(options: HFTokenClassificationOptions) -> runjob
     return build_hf_token_classification(options)
 
 
-def _export_hf(request: Any) -> str:
+def _export_hf(request: runjob.ExportRequest) -> str:
     from runjob_hf.export import export_hf
 
     return export_hf(request)

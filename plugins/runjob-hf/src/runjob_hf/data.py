@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import runjob
 from runjob_hf.inputs import Prompts, Texts, Words
@@ -30,6 +30,18 @@ from runjob_hf.options import (
     patterns,
 )
 from runjob_hf.tokenizing import LazyTokenizer, Vocabulary, vocabulary
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch, numpy or datasets
+    from types import ModuleType
+    from typing import TypeAlias
+
+    import numpy as np
+    import numpy.typing as npt
+    import torch
+    from datasets import Dataset  # datasets has no type information: the name is for the reader
+
+    TableBatch: TypeAlias = dict[str, list[Any]]
+    """A batch of a table's rows, by column, as datasets' ``map`` passes it: cells of any kind."""
 
 IGNORE = -100  # a target that is never scored (Hugging Face's convention)
 ENCODING = "runjob-hf-3"  # part of every cache key: change it when what is cached changes
@@ -50,7 +62,7 @@ def cache_root(options: HFDataOptions) -> Path:
     return cache_dir(options) / "runjob-hf"
 
 
-def _quiet_datasets() -> Any:
+def _quiet_datasets() -> ModuleType:
     try:
         import datasets
     except ImportError:
@@ -60,10 +72,10 @@ def _quiet_datasets() -> Any:
 
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
-    return datasets
+    return cast("ModuleType", datasets)  # datasets has no type information
 
 
-def load_tables(options: HFDataOptions, what: str) -> tuple[Any, Any, str]:
+def load_tables(options: HFDataOptions, what: str) -> tuple[Dataset, Dataset, str]:
     """The training and validation splits of ``options.files`` (``val_files``, or ``val_fraction`` of
     the rows held out with ``split_seed``) as memory-mapped ``datasets.Dataset`` objects, and a
     description of the source."""
@@ -91,7 +103,7 @@ def load_tables(options: HFDataOptions, what: str) -> tuple[Any, Any, str]:
     return train, val, source
 
 
-def _need_columns(dataset: Any, columns: list[str], what: str) -> None:
+def _need_columns(dataset: Dataset, columns: list[str], what: str) -> None:
     missing = [c for c in columns if c not in dataset.column_names]
     if missing:
         raise runjob.DataError(
@@ -100,11 +112,11 @@ def _need_columns(dataset: Any, columns: list[str], what: str) -> None:
         )
 
 
-def _fingerprint(*parts: Any) -> str:
+def _fingerprint(*parts: object) -> str:
     return hashlib.sha256("|".join(map(str, (ENCODING, *parts))).encode()).hexdigest()[:16]
 
 
-def _batches(dataset: Any, columns: list[str], size: int = 1000) -> Iterator[dict[str, list[Any]]]:
+def _batches(dataset: Dataset, columns: list[str], size: int = 1000) -> Iterator[TableBatch]:
     for start in range(0, len(dataset), size):
         yield dataset.select_columns(columns)[start : start + size]
 
@@ -133,7 +145,7 @@ class Pad:
         if not isinstance(first, dict):
             return default_collate(items)
         length = max(len(item["input_ids"]) for item in items)
-        batch: dict[str, Any] = {}
+        batch: dict[str, torch.Tensor] = {}
         keys = list(dict.fromkeys([*first, "attention_mask"]))
         for key in keys:
             fill = {"input_ids": self.pad_id, "labels": IGNORE}.get(key, 0)
@@ -155,27 +167,35 @@ class TokenWindows:
     ``tokens[start : start + length]``, a 1-D int64 tensor (packed: all ``context + 1`` long), or
     ``{"input_ids": ...}`` when lengths differ (one document's pieces, padded by :class:`Pad`)."""
 
-    def __init__(self, path: Path, starts: Any, lengths: Any, padded: bool, tokens_per_byte: float | None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        starts: npt.NDArray[np.int64],
+        lengths: npt.NDArray[np.int64],
+        padded: bool,
+        tokens_per_byte: float | None,
+    ) -> None:
         self.path, self.starts, self.lengths, self.padded = Path(path), starts, lengths, padded
         self.tokens_per_byte = tokens_per_byte
         """Tokens of this split per byte of its text: bits per byte = loss x this / ln 2."""
-        self._tokens: Any = None
+        self._tokens: npt.NDArray[np.int32] | None = None
 
     @property
-    def tokens(self) -> Any:
+    def tokens(self) -> npt.NDArray[np.int32]:
         if self._tokens is None:
             import numpy as np
 
-            self._tokens = np.load(self.path, mmap_mode="r")
+            tokens: npt.NDArray[np.int32] = np.load(self.path, mmap_mode="r")
+            self._tokens = tokens
         return self._tokens
 
-    def __getstate__(self) -> dict[str, Any]:  # DataLoader workers reopen the file
+    def __getstate__(self) -> dict[str, object]:  # DataLoader workers reopen the file
         return {**self.__dict__, "_tokens": None}
 
     def __len__(self) -> int:
         return len(self.starts)
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> torch.Tensor | dict[str, torch.Tensor]:
         import numpy as np
         import torch
 
@@ -185,14 +205,16 @@ class TokenWindows:
         window = torch.from_numpy(np.asarray(self.tokens[start : start + length], dtype=np.int64))
         return {"input_ids": window} if self.padded else window
 
-    def targets(self) -> Any:
+    def targets(self) -> npt.NDArray[np.int32]:
         """Every token this split's windows predict (numpy)."""
         import numpy as np
 
         return np.concatenate([self.tokens[s + 1 : s + n] for s, n in zip(self.starts, self.lengths, strict=True)])
 
 
-def _windows(documents: list[int], total: int, context: int, packing: bool) -> tuple[Any, Any]:
+def _windows(
+    documents: list[int], total: int, context: int, packing: bool
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Window starts and lengths over a flat array of ``total`` tokens whose documents have the
     lengths ``documents`` (each beginning with its end-of-text token)."""
     import numpy as np
@@ -200,7 +222,9 @@ def _windows(documents: list[int], total: int, context: int, packing: bool) -> t
     if packing:
         count = max(0, (total - 1) // context)
         return np.arange(count, dtype=np.int64) * context, np.full(count, context + 1, dtype=np.int64)
-    starts, lengths, offset = [], [], 0
+    starts: list[int] = []
+    lengths: list[int] = []
+    offset = 0
     for size in documents:
         for piece in range(max(1, math.ceil((size - 1) / context))):
             begin = piece * context
@@ -212,7 +236,7 @@ def _windows(documents: list[int], total: int, context: int, packing: bool) -> t
     return np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
 
 
-def _save_tokens(path: Path, pieces: Callable[[], Iterator[Any]], total: int) -> None:
+def _save_tokens(path: Path, pieces: Callable[[], Iterator[npt.NDArray[np.generic]]], total: int) -> None:
     """Write the token pieces (numpy int arrays, in order) as one int32 ``.npy`` of ``total`` tokens."""
     import numpy as np
 
@@ -251,7 +275,9 @@ def read_text_files(options: HFTextOptions, paths: str | list[str] | None, limit
     return found
 
 
-def split_files(files: list[tuple[str, str]], share: float, seed: int) -> tuple[list[Any], list[Any]]:
+def split_files(
+    files: list[tuple[str, str]], share: float, seed: int
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Whole files held out for validation: shuffled with ``seed``, each goes to validation while it
     fits in ``share`` of the bytes (the smallest file when none fits); each split keeps path order."""
     sizes = [len(text.encode("utf-8", errors="replace")) for _, text in files]
@@ -276,7 +302,7 @@ class _EncodeDocuments:
     def __init__(self, tokenizer_json: str, column: str, eos: int | None) -> None:
         self.tokenizer, self.column, self.eos = LazyTokenizer(tokenizer_json), column, eos
 
-    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    def __call__(self, batch: TableBatch) -> TableBatch:
         texts = [text if isinstance(text, str) else "" for text in batch[self.column]]
         start = [self.eos] if self.eos is not None else []
         encoded = self.tokenizer.get().encode_batch(texts, add_special_tokens=False)
@@ -338,7 +364,7 @@ def build_hf_text(options: HFTextOptions) -> runjob.DatasetSplits:
                 encoded, text_bytes = done["input_ids"], sum(done["bytes"])
                 sizes = np.asarray([len(ids) for ids in encoded], dtype=np.int64)
 
-                def document_pieces(e: Any = encoded) -> Iterator[Any]:
+                def document_pieces(e: list[list[int]] = encoded) -> Iterator[npt.NDArray[np.int32]]:
                     return (np.asarray(ids, dtype=np.int32) for ids in e)
 
                 _save_tokens(path, document_pieces, int(sizes.sum()))
@@ -355,7 +381,7 @@ def build_hf_text(options: HFTextOptions) -> runjob.DatasetSplits:
                     [np.diff(np.asarray(chunk.offsets)) for chunk in column.chunks] or [np.zeros(0, np.int64)]
                 )
 
-                def column_pieces(c: Any = column) -> Iterator[Any]:
+                def column_pieces(c: Any = column) -> Iterator[npt.NDArray[np.generic]]:  # a pyarrow ChunkedArray
                     return (np.asarray(ch.flatten()) for ch in c.chunks)
 
                 _save_tokens(path, column_pieces, int(sizes.sum()))
@@ -415,7 +441,7 @@ class _EncodeRows:
         self.tokenizer = LazyTokenizer(tokenizer_json, max_length)
         self.text, self.pair, self.label, self.index = text, pair, label, index
 
-    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    def __call__(self, batch: TableBatch) -> TableBatch:
         texts = [t if isinstance(t, str) else "" for t in batch[self.text]]
         if self.pair is not None:
             pairs = [p if isinstance(p, str) else "" for p in batch[self.pair]]
@@ -434,13 +460,13 @@ class _TokenizedRows:
     """A tokenized split (a ``datasets.Dataset``, memory-mapped when read from files) whose items
     are each row's tokens at the row's own length (padded by :class:`Pad`)."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Dataset) -> None:
         self.hf = table
 
     def __len__(self) -> int:
         return len(self.hf)
 
-    def _row(self, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    def _row(self, index: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """The row at ``index`` and its ``{"input_ids", "attention_mask"}`` tensors."""
         import torch
 
@@ -452,14 +478,14 @@ class _TokenizedRows:
 class EncodedRows(_TokenizedRows):
     """Items ``({"input_ids", "attention_mask"}, label)``."""
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         import torch
 
         row, inputs = self._row(index)
         return inputs, torch.tensor(row["target"], dtype=torch.long)
 
 
-def _label_names(table: Any, column: str) -> tuple[list[str], list[str]]:
+def _label_names(table: Dataset, column: str) -> tuple[list[str], list[str]]:
     """The classes of a label column: a ClassLabel's names, else the sorted distinct values
     (numbers in numeric order), as strings."""
     feature = table.features[column]
@@ -473,7 +499,7 @@ def _label_names(table: Any, column: str) -> tuple[list[str], list[str]]:
     return [str(v) for v in ordered], [str(v) for v in ordered]
 
 
-def _class_file_rows(options: HFClassificationOptions) -> tuple[Any, Any, str]:
+def _class_file_rows(options: HFClassificationOptions) -> tuple[Dataset, Dataset, str]:
     """Rows ``{"text", "label"}`` of ``class_files``: a snippet of each file (from a seeded random
     line), split per class so that every class is in both splits."""
     datasets = _quiet_datasets()
@@ -563,7 +589,7 @@ class _EncodeWords:
         self.tokenizer = LazyTokenizer(tokenizer_json, max_length)
         self.words, self.tags, self.index = words, tags, index
 
-    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    def __call__(self, batch: TableBatch) -> TableBatch:
         sentences = [[str(w) for w in words] for words in batch[self.words]]
         encoded = self.tokenizer.get().encode_batch(sentences, is_pretokenized=True)
         labels = []
@@ -589,14 +615,14 @@ class _EncodeWords:
 class TaggedRows(_TokenizedRows):
     """Items ``{"input_ids", "attention_mask", "labels"}`` (labels -100 where nothing is scored)."""
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         import torch
 
         row, inputs = self._row(index)
         return {**inputs, "labels": torch.tensor(row["labels"], dtype=torch.long)}
 
 
-def _tag_names(table: Any, column: str) -> tuple[list[str], list[str]]:
+def _tag_names(table: Dataset, column: str) -> tuple[list[str], list[str]]:
     feature = getattr(table.features[column], "feature", None)
     names = getattr(feature, "names", None)
     if names:
@@ -638,19 +664,26 @@ class _Encoding:
     wrapping an encoded table, and its predictor's inputs."""
 
     what: str
-    encode: Any
-    depends_on: tuple[Any, ...]
-    rows: Any
+    encode: Callable[[TableBatch], TableBatch]
+    depends_on: tuple[object, ...]
+    rows: type[_TokenizedRows]
     inputs: runjob.Inputs
 
 
 def _labelled_splits(
-    encoding: _Encoding, train: Any, val: Any, vocab: Any, max_length: int, classes: list[str], source: str, cache: Path
+    encoding: _Encoding,
+    train: Dataset,
+    val: Dataset,
+    vocab: Vocabulary,
+    max_length: int,
+    classes: list[str],
+    source: str,
+    cache: Path,
 ) -> runjob.DatasetSplits:
     """The training and validation tables tokenized (``datasets``' map, cached by fingerprint,
     memory-mapped) as a classification dataset's splits, with the tokenizer and the class names as
     artifacts and dynamic padding."""
-    encoded = {}
+    encoded: dict[str, Dataset] = {}
     for name, table in (("train", train), ("val", val)):
         try:
             encoded[name] = table.map(

@@ -4,12 +4,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from runjob_hf.tokenizing import Vocabulary
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
-def _vocabulary(request: Any) -> Vocabulary | None:
+    from runjob import ExportRequest
+
+
+def _vocabulary(request: ExportRequest) -> Vocabulary | None:
     """The run's tokenizer: its Inputs' (runjob-hf's datasets), else its ``tokenizer.json`` artifact."""
     held = getattr(request.inputs, "vocabulary", None)
     if isinstance(held, Vocabulary):
@@ -22,10 +27,10 @@ def _vocabulary(request: Any) -> Vocabulary | None:
     return load_tokenizer(str(path), None)
 
 
-def export_hf(request: Any) -> str:
+def export_hf(request: ExportRequest) -> str:
     """Write ``request.output`` (a folder): ``save_pretrained`` of the model (safetensors, its
     config with the data's label names and special token ids) and of its tokenizer."""
-    model = request.model
+    model = cast("PreTrainedModel", request.model)  # checked below: a transformers model
     if not hasattr(model, "save_pretrained") or not hasattr(model, "config"):
         raise ValueError(
             f"the model is a {type(model).__name__}, not a transformers PreTrainedModel: --format hf is for [model] "

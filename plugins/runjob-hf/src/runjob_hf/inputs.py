@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 import runjob
 from runjob_hf.tokenizing import LazyTokenizer, Vocabulary
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch or tokenizers
+    import torch
+    from tokenizers import Tokenizer
+
+# A record (``{"text": ...}``) holds what a user or a DataFrame gives: its values are ``object``,
+# checked by _text.
 
 _TABLES = {".jsonl", ".csv"}
 TOKENIZER_FILE = "tokenizer.json"
@@ -56,11 +64,11 @@ class _TextInputs(runjob.Inputs):
         self._lazy = LazyTokenizer(vocabulary.json, max_length if self.truncates else None)
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         """A ``tokenizers.Tokenizer`` of its own (built where it is first used), cutting at ``max_length``."""
         return self._lazy.get()
 
-    def to_data(self, folder: Path) -> dict[str, Any]:
+    def to_data(self, folder: Path) -> dict[str, JsonValue]:
         """The tokenizer's JSON written as ``folder/tokenizer.json``; its special token ids and
         roles, ``max_length`` and the class names as JSON values, with the file's name."""
         folder.mkdir(parents=True, exist_ok=True)
@@ -77,7 +85,7 @@ class _TextInputs(runjob.Inputs):
         }
 
     @classmethod
-    def from_data(cls, data: dict[str, Any], folder: Path) -> _TextInputs:
+    def from_data(cls, data: dict[str, JsonValue], folder: Path) -> _TextInputs:
         """The inputs :meth:`to_data` described, their tokenizer read from ``folder``. ``ValueError``
         naming the key of a missing or mistyped value, a file name that is not a plain name in
         ``folder``, a tokenizer.json that ``tokenizers`` cannot read, or a special token id
@@ -114,7 +122,7 @@ class _TextInputs(runjob.Inputs):
         return cls(vocabulary, saved.max_length, saved.classes)
 
     @staticmethod
-    def _text(record: dict[str, Any]) -> str:
+    def _text(record: dict[str, object]) -> str:
         text = record.get("text")
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
@@ -122,11 +130,11 @@ class _TextInputs(runjob.Inputs):
             raise ValueError(f"'text' must be non-empty text, got {type(text).__name__} {text!r:.40}")
         return text
 
-    def read(self, path: Path) -> list[tuple[str, dict[str, Any]]]:
+    def read(self, path: Path) -> list[tuple[str, dict[str, object]]]:
         """A text file: one record a non-empty line (``line N``); a ``.jsonl`` or ``.csv`` file: one
         a row, its ``text`` column; a folder: each file as one of these."""
         root = Path(path)
-        records = []
+        records: list[tuple[str, dict[str, object]]] = []
         for file in self.files(root):
             name = file.name if file == root else file.relative_to(root).as_posix()
             if file.suffix.lower() in _TABLES:
@@ -140,7 +148,7 @@ class _TextInputs(runjob.Inputs):
         return records
 
     @staticmethod
-    def _table(file: Path, name: str) -> list[tuple[str, dict[str, Any]]]:
+    def _table(file: Path, name: str) -> list[tuple[str, dict[str, object]]]:
         text = _read_file(file)
         if file.suffix.lower() == ".csv":
             rows = list(csv.DictReader(text.splitlines()))
@@ -153,7 +161,7 @@ class _TextInputs(runjob.Inputs):
             raise runjob.DataError(f"--input {file}: needs a 'text' column (it has {', '.join(rows[0])})")
         return [(f"{name}:{n}", {"text": row["text"]}) for n, row in enumerate(rows, 1)]
 
-    def _padded(self, ids: list[int], **more: list[int]) -> dict[str, Any]:
+    def _padded(self, ids: list[int], **more: list[int]) -> dict[str, torch.Tensor]:
         """``ids`` cut and padded to ``max_length``, with its attention mask (the same length for
         every input, so any batch of them stacks)."""
         import torch
@@ -176,9 +184,9 @@ class Prompts(_TextInputs):
 
     truncates = False
 
-    def read(self, path: Path) -> list[tuple[str, dict[str, Any]]]:
+    def read(self, path: Path) -> list[tuple[str, dict[str, object]]]:
         root = Path(path)
-        prompts = []
+        prompts: list[tuple[str, dict[str, object]]] = []
         for file in self.files(root):
             text = _read_file(file)
             if text:
@@ -187,14 +195,14 @@ class Prompts(_TextInputs):
             raise runjob.DataError(f"--input {root}: no text to continue (empty file, or a folder of empty files)")
         return prompts
 
-    def encode(self, record: dict[str, Any]) -> Any:
+    def encode(self, record: dict[str, object]) -> torch.Tensor:
         import torch
 
         ids = self.tokenizer.encode(self._text(record), add_special_tokens=False).ids
         start = [self.vocabulary.eos_id] if self.vocabulary.eos_id is not None else []
         return torch.tensor(start + ids, dtype=torch.long)
 
-    def decode(self, ids: Any) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         text: str = self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
         return text
 
@@ -203,7 +211,7 @@ class Texts(_TextInputs):
     """Texts to classify: one record a line of a text file (or a row of a .jsonl / .csv file with a
     ``text`` column); encoded as the dataset encodes its rows, padded to ``max_length``."""
 
-    def encode(self, record: dict[str, Any]) -> Any:
+    def encode(self, record: dict[str, object]) -> dict[str, torch.Tensor]:
         encoding = self.tokenizer.encode(self._text(record))
         return self._padded(encoding.ids)
 
@@ -212,7 +220,7 @@ class Words(_TextInputs):
     """Text to tag word by word: a record's text is split on whitespace into words, encoded as the
     dataset's rows are (pre-tokenized), padded to ``max_length``."""
 
-    def encode(self, record: dict[str, Any]) -> Any:
+    def encode(self, record: dict[str, object]) -> dict[str, torch.Tensor]:
         words = self._text(record).split()
         encoding = self.tokenizer.encode(words, is_pretokenized=True)
         return self._padded(encoding.ids)

@@ -5,9 +5,15 @@ dataset's facts unless the job's config states it, so it is written once."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from runjob_hf.options import HFModelOptions, looks_local
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch or transformers
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel
+
+    from runjob import DataFacts
 
 _CAUSAL = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqLM", "AutoModel")
 
@@ -25,15 +31,17 @@ def auto_class(name: str) -> Any:
     return found
 
 
-def _fact(data: Any, name: str) -> Any:
+def _fact(data: DataFacts | None, name: str) -> Any:  # a fact of any kind: a number, class names
     return getattr(data, name, None) if data is not None else None
 
 
-def data_settings(options: HFModelOptions, data: Any, given: set[str], config: Any) -> dict[str, Any]:
+def data_settings(
+    options: HFModelOptions, data: DataFacts | None, given: set[str], config: PretrainedConfig
+) -> dict[str, object]:
     """The config keys the data decides, where ``given`` (the job's config keys, by their canonical
     names) does not state them."""
-    settings: dict[str, Any] = {}
-    canonical = getattr(config, "attribute_map", {}) or {}
+    settings: dict[str, object] = {}
+    canonical: dict[str, str] = getattr(config, "attribute_map", {}) or {}
 
     def unset(key: str) -> bool:
         return canonical.get(key, key) not in given and key not in given
@@ -51,7 +59,7 @@ def data_settings(options: HFModelOptions, data: Any, given: set[str], config: A
     return settings
 
 
-def label_settings(options: HFModelOptions, data: Any, given: set[str]) -> dict[str, Any]:
+def label_settings(options: HFModelOptions, data: DataFacts | None, given: set[str]) -> dict[str, object]:
     """``num_labels`` (as ``id2label``/``label2id`` when the data names its classes) for a model
     that classifies, from the data's classes, unless the config states them."""
     if options.auto_class in _CAUSAL or {"num_labels", "id2label"} & given:
@@ -63,13 +71,13 @@ def label_settings(options: HFModelOptions, data: Any, given: set[str]) -> dict[
     return {"num_labels": int(count)} if count else {}
 
 
-def _dtype(options: HFModelOptions) -> Any:
+def _dtype(options: HFModelOptions) -> torch.dtype | str:
     import torch
 
-    return "auto" if options.dtype == "auto" else getattr(torch, options.dtype)
+    return "auto" if options.dtype == "auto" else cast("torch.dtype", getattr(torch, options.dtype))
 
 
-def build_hf_model(options: HFModelOptions, data: Any = None) -> Any:
+def build_hf_model(options: HFModelOptions, data: DataFacts | None = None) -> PreTrainedModel:
     """The transformers model the options name, its data-decided settings from ``data`` (the
     dataset's ``runjob.DataFacts``), ``use_cache`` off (training)."""
     import transformers
@@ -78,7 +86,7 @@ def build_hf_model(options: HFModelOptions, data: Any = None) -> Any:
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     auto = auto_class(options.auto_class)
     user = dict(options.config or {})
-    extra: dict[str, Any] = {}
+    extra: dict[str, str] = {}
     if options.attn_implementation is not None:
         extra["attn_implementation"] = options.attn_implementation
     if options.model is None:
@@ -130,4 +138,4 @@ def build_hf_model(options: HFModelOptions, data: Any = None) -> Any:
         if pad is not None and getattr(model.config, "pad_token_id", None) is None:
             model.config.pad_token_id = int(pad)
         model.config.use_cache = False
-    return model
+    return cast("PreTrainedModel", model)  # the auto class's (transformers types them loosely)

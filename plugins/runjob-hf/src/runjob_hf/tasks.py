@@ -4,11 +4,17 @@ the labels say (-100: a word's later sub-tokens, special tokens, padding are nev
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 from pydantic import Field
 
 import runjob
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
+    import torch
+
+# A model's outputs (a tensor, a Hugging Face ModelOutput: logits_of takes them) and a batch (a
+# tokenizer's dict, or an (inputs, labels) pair) are annotated ``object``: read through Task's helpers.
 
 
 class TokenClassificationOptions(runjob.TaskOptions):
@@ -31,22 +37,23 @@ class TokenClassification(runjob.Task):
         self.label_smoothing = options.label_smoothing
         self.num_classes = num_classes
 
-    def inputs(self, batch: Any) -> Any:
+    def inputs(self, batch: object) -> object:
         if isinstance(batch, Mapping):
             return {key: value for key, value in batch.items() if key != "labels"}
         return super().inputs(batch)
 
-    def targets(self, batch: Any) -> Any:
+    def targets(self, batch: object) -> torch.Tensor:
         if isinstance(batch, Mapping):
             if "labels" not in batch:
                 raise ValueError(f"a dict batch needs 'labels' (it has {', '.join(map(str, batch))})")
-            return batch["labels"]
-        return super().targets(batch)
+            labels: torch.Tensor = batch["labels"]
+            return labels
+        return cast("torch.Tensor", super().targets(batch))
 
-    def loss(self, outputs: Any, batch: Any) -> Any:
+    def loss(self, outputs: object, batch: object) -> torch.Tensor:
         import torch.nn.functional as F
 
-        logits = self.logits_of(outputs)
+        logits: torch.Tensor = self.logits_of(outputs)
         return F.cross_entropy(
             logits.flatten(0, 1),
             self.targets(batch).flatten(),
@@ -54,7 +61,7 @@ class TokenClassification(runjob.Task):
             label_smoothing=self.label_smoothing,
         )
 
-    def check(self, outputs: Any, batch: Any) -> None:
+    def check(self, outputs: object, batch: object) -> None:
         logits, labels = self.logits_of(outputs), self.targets(batch)
         if logits.ndim != 3 or logits.shape[:2] != labels.shape:
             raise ValueError(
@@ -67,7 +74,7 @@ class TokenClassification(runjob.Task):
                 "num_labels to the data"
             )
 
-    def evaluate(self, outputs: Any, batch: Any) -> dict[str, Any]:
+    def evaluate(self, outputs: object, batch: object) -> dict[str, torch.Tensor]:
         import torch.nn.functional as F
 
         logits, labels = self.logits_of(outputs).float(), self.targets(batch)
@@ -78,13 +85,13 @@ class TokenClassification(runjob.Task):
         correct = (logits.argmax(dim=-1) == labels) & scored
         return {"loss": losses.sum(dim=1), "tokens": scored.sum(dim=1), "correct": correct.sum(dim=1)}
 
-    def summarize(self, totals: dict[str, Any], count: int) -> dict[str, float]:
+    def summarize(self, totals: dict[str, float], count: int) -> dict[str, float]:
         tokens = totals["tokens"]
         if not tokens:
             return {"accuracy": float("nan"), "loss": float("nan")}
         return {"accuracy": totals["correct"] / tokens, "loss": totals["loss"] / tokens}
 
-    def predict(self, outputs: Any) -> dict[str, Any]:
+    def predict(self, outputs: object) -> dict[str, torch.Tensor]:
         """Each token position's class index (``class_0``, ``class_1``, ... columns)."""
         return {"class": self.logits_of(outputs).argmax(dim=-1)}
 
@@ -102,13 +109,13 @@ class BitsPerByte(runjob.Callback):
     def __init__(self, options: BitsPerByteOptions) -> None:
         self.tokens_per_byte: float | None = None
 
-    def on_run_start(self, run: Any) -> None:
+    def on_run_start(self, run: runjob.Run) -> None:
         dataset = getattr(run.val_loader, "dataset", None)
         self.tokens_per_byte = getattr(dataset, "tokens_per_byte", None)
         if self.tokens_per_byte is None:
             raise ValueError("bits_per_byte needs the dataset hf_text (it knows the validation text's bytes)")
 
-    def on_evaluation(self, run: Any, step: int, epoch: int, metrics: Mapping[str, float]) -> None:
+    def on_evaluation(self, run: runjob.Run, step: int, epoch: int, metrics: Mapping[str, float]) -> None:
         import math
 
         loss = metrics.get("val/loss")

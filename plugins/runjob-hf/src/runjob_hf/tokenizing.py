@@ -9,12 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runjob_hf.options import HFDataOptions, TrainTokenizer, looks_local
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports tokenizers or transformers
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
 
 # Special tokens a trained tokenizer gets, by use
 END_OF_TEXT, PAD = "<|endoftext|>", "<pad>"
@@ -37,12 +41,12 @@ class LazyTokenizer:
 
     def __init__(self, json: str, max_length: int | None = None) -> None:
         self.json, self.max_length = json, max_length
-        self._tokenizer: Any = None
+        self._tokenizer: Tokenizer | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_tokenizer": None}
 
-    def get(self) -> Any:
+    def get(self) -> Tokenizer:
         if self._tokenizer is None:
             from tokenizers import Tokenizer
 
@@ -66,10 +70,10 @@ class Vocabulary:
     bos_id: int | None = None
     special: dict[str, str] = field(default_factory=dict)
     """The special tokens by role (``pad_token``, ``eos_token``, ...), for ``save_pretrained``."""
-    _tokenizer: Any = field(default=None, repr=False, compare=False)
+    _tokenizer: Tokenizer | None = field(default=None, repr=False, compare=False)
 
     @property
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> Tokenizer:
         """The ``tokenizers.Tokenizer`` (built once; left out of a copy made for a DataLoader worker)."""
         if self._tokenizer is None:
             from tokenizers import Tokenizer
@@ -85,7 +89,7 @@ class Vocabulary:
     def digest(self) -> str:
         return hashlib.sha256(self.json.encode()).hexdigest()[:16]
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_tokenizer": None}
 
     def save(self, folder: Path) -> Path:
@@ -98,21 +102,21 @@ class Vocabulary:
             partial.replace(path)
         return path
 
-    def pretrained(self) -> Any:
+    def pretrained(self) -> PreTrainedTokenizerFast:
         """A transformers ``PreTrainedTokenizerFast`` of this tokenizer (for ``save_pretrained``)."""
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, **self.special)  # type: ignore[no-untyped-call]
 
 
-def _find(tokenizer: Any, role: str) -> str | None:
+def _find(tokenizer: Tokenizer, role: str) -> str | None:
     for name in _NAMES[role]:
         if tokenizer.token_to_id(name) is not None:
             return name
     return None
 
 
-def _from_backend(backend: Any, special: dict[str, str]) -> Vocabulary:
+def _from_backend(backend: Tokenizer, special: dict[str, str]) -> Vocabulary:
     """A Vocabulary of a ``tokenizers.Tokenizer``, its special tokens as given or found by name."""
     for role in ("pad", "eos", "bos", "cls", "sep"):
         key = f"{role}_token"
@@ -244,7 +248,9 @@ def _limited(texts: Iterable[str], max_bytes: int | None) -> Iterator[str]:
         yield text
 
 
-def vocabulary(options: HFDataOptions, texts: Any, purpose: str, cache: Path, fingerprint: str) -> Vocabulary:
+def vocabulary(
+    options: HFDataOptions, texts: Callable[[], Iterable[str]], purpose: str, cache: Path, fingerprint: str
+) -> Vocabulary:
     """The dataset's tokenizer: ``options.tokenizer`` loaded, or one trained on ``texts()`` (a
     callable giving the training split's texts, called only when training)."""
     if options.tokenizer is not None:
@@ -254,7 +260,7 @@ def vocabulary(options: HFDataOptions, texts: Any, purpose: str, cache: Path, fi
 
 
 class _Lazy:
-    def __init__(self, texts: Any) -> None:
+    def __init__(self, texts: Callable[[], Iterable[str]]) -> None:
         self.texts = texts
 
     def __iter__(self) -> Iterator[str]:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
 import runjob
+
+if TYPE_CHECKING:  # annotations only: loading plugins never imports torch or timm
+    import torch
 
 # Keys of model.kwargs that have an option of their own, or that would bypass the offline cache.
 OWN_OPTIONS = ("num_classes", "in_chans", "img_size", "pretrained", "drop_rate")
@@ -110,7 +113,7 @@ class TimmOptions(runjob.Options):
 
     @field_validator("kwargs")
     @classmethod
-    def _own_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _own_keys(cls, value: dict[str, object]) -> dict[str, object]:
         for key in value:
             if key in OWN_OPTIONS:
                 raise ValueError(f"{key!r} is an option of its own: set model.{key}, not model.kwargs.{key}")
@@ -141,7 +144,7 @@ def _timm_name_error(arch: str) -> ValueError | None:
     return None
 
 
-def _create(arch: str, img_size: int | None, img_size_given: bool, **kwargs: Any) -> Any:
+def _create(arch: str, img_size: int | None, img_size_given: bool, **kwargs: Any) -> torch.nn.Module:
     """``timm.create_model``, with ``img_size`` when there is one; an ``img_size`` from the data is
     left out for architectures that take none (convolutional networks)."""
     import timm
@@ -158,7 +161,7 @@ def _create(arch: str, img_size: int | None, img_size_given: bool, **kwargs: Any
         return timm.create_model(arch, **kwargs)
 
 
-def build_timm(options: TimmOptions, data: Any = None) -> Any:
+def build_timm(options: TimmOptions, data: runjob.DataFacts | None = None) -> torch.nn.Module:
     """The timm model the options name, sized by the dataset's facts (``runjob.DataFacts``; None
     or empty when the run has none: then the options must say it)."""
     num_classes = options.num_classes if options.num_classes is not None else getattr(data, "num_classes", None)
@@ -171,7 +174,7 @@ def build_timm(options: TimmOptions, data: Any = None) -> Any:
     problem = _timm_name_error(options.arch)
     if problem is not None:
         raise problem
-    kwargs: dict[str, Any] = {"num_classes": num_classes, **options.kwargs}
+    kwargs: dict[str, object] = {"num_classes": num_classes, **options.kwargs}
     if in_chans is not None:
         kwargs["in_chans"] = in_chans
     if options.drop_rate:
