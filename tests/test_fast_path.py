@@ -29,17 +29,21 @@ def cpu():
     return torch.device("cpu")
 
 
-def torchvision_view(image, dy: int, dx: int, flip: bool):
-    """What torchvision's RandomCrop(32, padding=4) at offset (dy, dx), then the flip, ToTensor and
-    Normalize make of one uint8 CIFAR image: the reference for the batched version."""
+def torchvision_views(image):
+    """Every view torchvision's RandomCrop(32, padding=4), then the flip, ToTensor and Normalize can
+    make of one uint8 CIFAR image, as ((dy, dx, flip), view), offsets in order, the plain view
+    before the flipped one: the reference for the batched version. The image is padded and
+    normalized once (Normalize acts on each pixel alone, so it commutes with the crop and the
+    flip), then cropped and flipped by torchvision at each offset."""
     import torch
     from torchvision.transforms import functional as TF
 
-    padded = TF.pad(image, [4, 4, 4, 4])
-    crop = TF.crop(padded, dy, dx, 32, 32)
-    if flip:
-        crop = TF.hflip(crop)
-    return TF.normalize(crop.to(torch.float32) / 255, CIFAR_MEAN, CIFAR_STD)
+    padded = TF.normalize(TF.pad(image, [4, 4, 4, 4]).to(torch.float32) / 255, CIFAR_MEAN, CIFAR_STD)
+    for dy in range(9):
+        for dx in range(9):
+            crop = TF.crop(padded, dy, dx, 32, 32)
+            yield (dy, dx, False), crop
+            yield (dy, dx, True), TF.hflip(crop)
 
 
 def test_batched_crop_and_flip_match_torchvision_image_by_image(tmp_path):
@@ -55,18 +59,12 @@ def test_batched_crop_and_flip_match_torchvision_image_by_image(tmp_path):
     assert targets.tolist() == splits.train.labels[indices].tolist()
     offsets, flips = set(), 0
     checked = range(0, 1000, 7)
-    for position in checked:  # every 7th image against all 162 views torchvision could make
-        image = splits.train.images[indices[position]]
-        matches = [
-            (dy, dx, flip)
-            for dy in range(9)
-            for dx in range(9)
-            for flip in (False, True)
-            if torch.allclose(inputs[position], torchvision_view(image, dy, dx, flip), atol=1e-5)
-        ]
-        assert matches, f"image {position} is no crop/flip torchvision would make"
-        offsets.add(matches[0][:2])
-        flips += matches[0][2]
+    for position in checked:  # every 7th image against the 162 views torchvision could make, up to the first match
+        views = torchvision_views(splits.train.images[indices[position]])
+        match = next((view for view, pixels in views if torch.allclose(inputs[position], pixels, atol=1e-5)), None)
+        assert match, f"image {position} is no crop/flip torchvision would make"
+        offsets.add(match[:2])
+        flips += match[2]
     assert len(offsets) >= 50, (
         f"only {len(offsets)} of 81 crop offsets drawn"
     )  # uniform over 81: ~67 expected of 143 draws

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import sys
 
 import psutil
 import pytest
 from helpers import TINY_GPT, uploaded_best
+from test_quiet import OWN_LINE, PROGRESS_BAR
 
-from runjob.testing import free_port
+from runjob.record import logfile
+from runjob.testing import free_port, run_process_group
 
 # Each run here starts real processes (gloo on the CPU); on a busy machine a run may take minutes.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -147,22 +151,22 @@ def linear_job(name: str, model: str = "linear4", dataset: str = "indexed") -> s
     return LINEAR_JOB.format(name=name, model=model, dataset=dataset)
 
 
-@pytest.mark.parametrize(
-    "model, dataset", [("linear4", "indexed"), ("probe4", "indexed_images")], ids=["dataset", "in-memory"]
-)
-def test_two_processes_equal_one_process_with_twice_the_batch(checked, model, dataset):
-    tmp_path = checked.path
-    checked.write_job("two.toml", linear_job("two", model, dataset) + "batch_size = 8\n")
-    checked.write_job("one.toml", linear_job("one", model, dataset) + "batch_size = 16\n")
-    two = checked.cli_subprocess("two.toml", "--num-processes", "2", "--output-dir", "out-two", timeout=RUN_TIMEOUT)
-    assert ok(two), two.stderr[-3000:]
-    assert "2 process(es) on cpu" in two.stdout
-    seen = {rank: lines(tmp_path / f"seen-{rank}.jsonl") for rank in (0, 1)}
-    params = {rank: lines(tmp_path / f"params-{rank}.jsonl") for rank in (0, 1)}
+def noted(tmp_path, name: str) -> dict[int, list]:
+    """What each rank noted as ``name`` (``seen``: the training samples; ``params``: the weights at
+    its end); the files are removed, for the next run."""
+    found = {rank: lines(tmp_path / f"{name}-{rank}.jsonl") for rank in (0, 1)}
     for rank in (0, 1):
-        (tmp_path / f"seen-{rank}.jsonl").unlink()
-        (tmp_path / f"params-{rank}.jsonl").unlink()
+        (tmp_path / f"{name}-{rank}.jsonl").unlink()
+    return found
 
+
+def assert_one_process_with_twice_the_batch_trains_the_same(checked, two: str, model: str, dataset: str) -> None:
+    """The two-process run ``two`` (batch 8 a process, noted by the checking plugin) split each
+    epoch's samples across the ranks, none seen twice, ended with identical parameters on both,
+    equal to one process's with batch 16 (run here), and logged the same metrics."""
+    tmp_path = checked.path
+    seen, params = noted(tmp_path, "seen"), noted(tmp_path, "params")
+    checked.write_job("one.toml", linear_job("one", model, dataset) + "batch_size = 16\n")
     one = checked.cli("one.toml", "--output-dir", "out-one")  # one process: this one
     assert one.returncode == 0, one.stderr[-3000:]
 
@@ -176,7 +180,7 @@ def test_two_processes_equal_one_process_with_twice_the_batch(checked, model, da
     single = lines(tmp_path / "params-0.jsonl")[0]
     assert single == pytest.approx(params[0][0], abs=1e-5)
 
-    run_two = checked.only_run("two")
+    run_two = checked.only_run(two)
     run_one = checked.only_run("one")  # and exactly one MLflow run each
     assert run_two.tags["runjob.distributed_type"] == "MULTI_CPU" and run_two.tags["runjob.world_size"] == "2"
     assert run_one.tags["runjob.distributed_type"] == "NO"
@@ -185,6 +189,16 @@ def test_two_processes_equal_one_process_with_twice_the_batch(checked, model, da
         assert [s for s, _ in a] == [s for s, _ in b] and len(a) >= 2
         # the validation set (37 samples, not a multiple of 2 x batch) is counted exactly once
         assert [v for _, v in a] == pytest.approx([v for _, v in b], abs=1e-5), key
+
+
+def test_two_processes_equal_one_process_with_twice_the_batch(checked):
+    """A map-style dataset read through DataLoaders; the same for data held in memory (batched by
+    the host) is test_processes_started_by_srun_find_each_other's."""
+    checked.write_job("two.toml", linear_job("two") + "batch_size = 8\n")
+    two = checked.cli_subprocess("two.toml", "--num-processes", "2", "--output-dir", "out-two", timeout=RUN_TIMEOUT)
+    assert ok(two), two.stderr[-3000:]
+    assert "2 process(es) on cpu" in two.stdout
+    assert_one_process_with_twice_the_batch_trains_the_same(checked, "two", "linear4", "indexed")
 
 
 GPT_JOB = (
@@ -205,16 +219,26 @@ GPT_JOB = (
 def test_two_processes_equal_one_process_with_twice_the_batch_for_a_language_model(checked):
     """The same for next-token prediction: token windows from files, a GPT with tied weights, the
     per-token mean loss (each process averages over as many tokens, so the gradients' mean is one
-    process's at twice the batch), and val/perplexity counted over every validation token once."""
+    process's at twice the batch), and val/perplexity counted over every validation token once.
+    The two-process run starts as from a user's shell, without OMP_NUM_THREADS: torchrun's banner
+    about setting it goes to runjob.log, not the terminal (test_quiet.py's lines)."""
     tmp_path = checked.path
     for i in range(10):  # 10 x 130 bytes: 2 files (16 windows of 17 tokens) validate, 8 (64 windows) train
         (tmp_path / "corpus").mkdir(exist_ok=True)
         (tmp_path / "corpus" / f"{i}.txt").write_bytes((f"file {i}: the quick brown fox jumps. " * 5).encode()[:130])
     checked.write_job("two.toml", GPT_JOB.format(name="two", batch_size=8))
     checked.write_job("one.toml", GPT_JOB.format(name="one", batch_size=16))
-    two = checked.cli_subprocess("two.toml", "--num-processes", "2", "--output-dir", "out-two", timeout=RUN_TIMEOUT)
-    assert ok(two), two.stderr[-3000:]
+    env = checked.env()
+    env.pop("OMP_NUM_THREADS", None)  # as a user's shell has it: torchrun then chooses (1 a worker), and says so
+    command = [sys.executable, "-m", "runjob", "two.toml", "--num-processes", "2", "--output-dir", "out-two"]
+    two = run_process_group(command, tmp_path, env, timeout=RUN_TIMEOUT)
+    assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es) on cpu" in two.stdout
+    printed = [line for line in re.split(r"[\r\n]", two.stdout + two.stderr) if line.strip()]
+    assert [line for line in printed if not (OWN_LINE.match(line) or PROGRESS_BAR.match(line))] == []
+    assert "runjob: starting 2 worker(s) on machine 0 of 1 (torch.distributed.run, 1 thread each: set " in two.stderr
+    kept = (tmp_path / "out-two" / logfile.LOG_FILE).read_text(encoding="utf-8")
+    assert "launcher WARNING torch.distributed.run: " in kept and "Setting OMP_NUM_THREADS environment" in kept
     params = {rank: lines(tmp_path / f"params-{rank}.jsonl") for rank in (0, 1)}
     for rank in (0, 1):
         (tmp_path / f"params-{rank}.jsonl").unlink()
@@ -294,8 +318,10 @@ def test_a_dead_worker_stops_the_whole_job_which_then_resumes(checked):
 
 
 def test_processes_started_by_srun_find_each_other(checked):
-    """srun starts one task per process and sets SLURM_* (not WORLD_SIZE); runjob adopts them."""
-    checked.write_job("job.toml", linear_job("srun") + "batch_size = 8\n")
+    """srun starts one task per process and sets SLURM_* (not WORLD_SIZE); runjob adopts them. Its
+    data is held in memory (runjob.ImageTensors, batched by the host, no DataLoader worker): the
+    two tasks split it and train as one process with twice the batch does."""
+    checked.write_job("job.toml", linear_job("srun", "probe4", "indexed_images") + "batch_size = 8\n")
     port = str(free_port())
     tasks = []
     for rank in (0, 1):
@@ -312,8 +338,7 @@ def test_processes_started_by_srun_find_each_other(checked):
     for task, (_, err) in zip(tasks, results, strict=True):
         assert task.returncode == 0 or "SIGABRT" in err, err[-3000:]
     assert "2 process(es) on cpu" in results[0][0]
-    run = checked.only_run("srun")
-    assert run.tags["runjob.distributed_type"] == "MULTI_CPU" and run.tags["runjob.world_size"] == "2"
+    assert_one_process_with_twice_the_batch_trains_the_same(checked, "srun", "probe4", "indexed_images")
 
 
 STOPPER_PLUGIN = """

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import re
-import sys
 import warnings
 
 import pytest
@@ -14,7 +13,6 @@ from helpers import TINY_GPT
 
 from runjob.record import logfile
 from runjob.record.logfile import LibraryLog
-from runjob.testing import run_process_group
 
 # A GPT with tied input and output embeddings: saving it makes Accelerate note the shared tensor.
 TIED_GPT = (
@@ -30,6 +28,8 @@ TIED_GPT = (
 
 OWN_LINE = re.compile(r"runjob: |epoch \d+/\d+  step \d+  |step \d+/\d+  |test  step \d+  ")
 PROGRESS_BAR = re.compile(r"epoch \d+/\d+: ")
+# A two-process run prints no torchrun banner (OMP_NUM_THREADS): asserted on the two-process
+# language model of test_multiprocess.py, which starts as from a user's shell.
 
 
 @pytest.mark.e2e
@@ -57,30 +57,6 @@ def test_a_first_run_on_a_new_store_prints_only_runjobs_own_lines(runjob_tester)
     )
     assert "train INFO accelerate" in kept and "Saving current state to" in kept, "Accelerate's notes are kept"
     assert "Removed shared tensor" in kept, "the tied-weights note is kept in the file, not printed"
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(300)
-def test_two_processes_print_no_torchrun_banner(runjob_tester):
-    """torchrun's OMP_NUM_THREADS banner (it sets the variable where none is set) is in runjob.log;
-    runjob's own line starting the workers says what it means."""
-    corpus = runjob_tester.path / "corpus"
-    corpus.mkdir()
-    for i in range(10):
-        (corpus / f"{i}.txt").write_bytes((f"file {i}: the quick brown fox jumps. " * 5).encode()[:130])
-    runjob_tester.write_job("job.toml", TINY_GPT.format(name="quiet2") + "[train]\nepochs = 1\nbatch_size = 8\n")
-    env = runjob_tester.env()
-    env.pop("OMP_NUM_THREADS", None)  # as a user's shell has it: torchrun then chooses, and says so
-    command = [sys.executable, "-m", "runjob", "job.toml", "--num-processes", "2", "--output-dir", "out"]
-    result = run_process_group(command, runjob_tester.path, env, timeout=240)
-    assert result.returncode == 0, result.stderr[-3000:]
-    printed = [line for line in re.split(r"[\r\n]", result.stdout + result.stderr) if line.strip()]
-    assert [line for line in printed if not (OWN_LINE.match(line) or PROGRESS_BAR.match(line))] == []
-    assert "runjob: starting 2 worker(s) on machine 0 of 1 (torch.distributed.run, 1 thread each: set " in (
-        result.stderr
-    )
-    kept = (runjob_tester.path / "out" / logfile.LOG_FILE).read_text(encoding="utf-8")
-    assert "launcher WARNING torch.distributed.run: " in kept and "Setting OMP_NUM_THREADS environment" in kept
 
 
 def test_library_info_and_known_harmless_warnings_go_to_the_file_only(tmp_path, capsys):

@@ -64,40 +64,22 @@ def uninterrupted_weights(tester) -> bytes:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
-def test_sigkill_then_resume_gives_bit_identical_weights(killer):
-    out = killer.path / "out"
-    killed = killer.cli_subprocess(
-        "job.toml", "--output-dir", "out", env={"KILL_AT_STEP": "11", "KILL_SIGNAL": "SIGKILL"}, timeout=RUN_TIMEOUT
-    )
-    assert killed.returncode == -9
-    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert checkpoints == ["step-00000004", "step-00000008"]  # keep_checkpoints = 2
-    # a checkpoint being written when the process died is not taken for a complete one
-    (out / "checkpoints" / ".tmp-step-00000012").mkdir()
-
-    resumed = killer.cli_subprocess("job.toml", "--output-dir", "out", "--resume", timeout=RUN_TIMEOUT)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resuming step-00000008" in resumed.stdout
-    assert (out / "model.safetensors").read_bytes() == uninterrupted_weights(killer)
-
-    run = killer.record("out")
-    assert run.status == "FINISHED"
-    assert run.tags["runjob.resumed.step_8"] == "no changes"
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(1200)
-def test_the_same_command_resubmitted_after_kills_and_sigterm_continues_the_same_run(killer):
+def test_the_same_command_resubmitted_after_kills_and_sigterm_continues_the_same_run(killer, monkeypatch):
     """``--resume auto``, as a Slurm or Kubernetes restart would resubmit it: killed before its
     first checkpoint, the command starts afresh (the attempt kept aside); stopped by SIGTERM, it
-    checkpoints; resubmitted again, it continues that run."""
+    checkpoints; resubmitted again, it continues that run. The SIGKILL is a process's own; the
+    SIGTERM and the resubmissions after it run in this process (runjob's handler stops the run
+    and is put back, as test_resume_refuses_another_job_and_reports_bad_checkpoints shows)."""
     out = killer.path / "out"
     command = ("job.toml", "--output-dir", "out", "--resume", "auto")
     early = killer.cli_subprocess(*command, env={"KILL_AT_STEP": "2", "KILL_SIGNAL": "SIGKILL"}, timeout=RUN_TIMEOUT)
     assert early.returncode == -9 and not (out / "checkpoints").exists()
     abandoned = killer.record("out").run_id
 
-    stopped = killer.cli_subprocess(*command, env={"KILL_AT_STEP": "7", "KILL_SIGNAL": "SIGTERM"}, timeout=RUN_TIMEOUT)
+    monkeypatch.setenv("KILL_AT_STEP", "7")
+    monkeypatch.setenv("KILL_SIGNAL", "SIGTERM")
+    stopped = killer.cli(*command)
+    monkeypatch.delenv("KILL_AT_STEP")
     assert stopped.returncode == 143, stopped.stderr[-3000:]
     assert (
         f"runjob: --resume auto: no complete checkpoint in out; the earlier attempt (MLflow run {abandoned}, now "
@@ -111,7 +93,7 @@ def test_the_same_command_resubmitted_after_kills_and_sigterm_continues_the_same
     first = killer.record(out / "attempts" / "1")
     assert first.run_id == abandoned and first.status == "KILLED" and "runjob.abandoned" in first.tags
 
-    # the same command again, in a new process (this one: the process that was stopped is gone either way)
+    # the same command again (the stopped run has ended either way)
     resumed = killer.cli(*command, "--set", "train.log_every=5")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming step-00000007" in resumed.stdout
@@ -151,10 +133,10 @@ def test_resume_refuses_another_job_and_reports_bad_checkpoints(killer, monkeypa
 
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
-def test_stateful_callbacks_resume_bit_identical_after_sigkill(killer):
-    """ema (its average) and early_stopping (its best and patience count) keep their state in the
-    checkpoints: killed with SIGKILL and resumed, the run ends with the averaged weights an
-    uninterrupted run ends with, bit for bit."""
+def test_sigkill_then_resume_gives_bit_identical_weights_with_stateful_callbacks(killer):
+    """Killed with SIGKILL and resumed from its last complete checkpoint, the run ends with the
+    weights an uninterrupted run ends with, bit for bit; ema (its average) and early_stopping (its
+    best and patience count) keep their state in the checkpoints, so the averaged weights match too."""
     callbacks = (
         "    eval_every = 4\n    [callbacks.ema]\n    decay = 0.9\n    [callbacks.early_stopping]\n    patience = 20\n"
     )
@@ -164,10 +146,18 @@ def test_stateful_callbacks_resume_bit_identical_after_sigkill(killer):
         "job.toml", "--output-dir", "out", env={"KILL_AT_STEP": "11", "KILL_SIGNAL": "SIGKILL"}, timeout=RUN_TIMEOUT
     )
     assert killed.returncode == -9
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert checkpoints == ["step-00000004", "step-00000008"]  # keep_checkpoints = 2
+    # a checkpoint being written when the process died is not taken for a complete one
+    (out / "checkpoints" / ".tmp-step-00000012").mkdir()
+
     resumed = killer.cli_subprocess("job.toml", "--output-dir", "out", "--resume", timeout=RUN_TIMEOUT)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming step-00000008" in resumed.stdout
     assert (out / "model.safetensors").read_bytes() == uninterrupted_weights(killer)
+    run = killer.record("out")
+    assert run.status == "FINISHED"
+    assert run.tags["runjob.resumed.step_8"] == "no changes"
     import torch
 
     saved = torch.load(out / "checkpoints" / "step-00000044" / "callbacks.pt", weights_only=True)

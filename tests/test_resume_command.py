@@ -3,16 +3,16 @@
 ``uv run runjob JOB`` leaves ``runjob`` off the user's PATH: ``runjob JOB --resume`` would fail
 there (exit 127). The printed command repeats ``uv run ...``, ``python -m runjob``, the virtual
 environment's full path, ``torchrun ...`` or ``accelerate launch ...``, as it was typed. The
-detection is checked on faked command lines (the parent's, as the system shows them); real runs
-started as ``python -m runjob`` and by the full path check that what they print, pasted into a
-shell, goes on. ``uv run`` and runjob's own launcher of several processes are test_stops.py's."""
+detection is checked on faked command lines (the parent's, as the system shows them); a real run
+started by the full path checks that what it prints, pasted into a shell, goes on. ``uv run``,
+``python -m runjob`` (its command pasted into a shell too) and runjob's own launcher of several
+processes are test_stops.py's."""
 
 from __future__ import annotations
 
 import os
 import shlex
 import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -183,10 +183,9 @@ def test_the_recorded_command_hides_a_password_in_how_runjob_was_started(monkeyp
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    "start", [[sys.executable, "-m", "runjob"], [str(VENV_BIN / "runjob")]], ids=["python-m-runjob", "venv-full-path"]
-)
-def test_the_command_printed_by_a_stopped_run_pasted_into_a_shell_goes_on(stops, start):  # noqa: F811
+def test_the_command_printed_by_a_stopped_run_pasted_into_a_shell_goes_on(stops):  # noqa: F811
+    """Started by the virtual environment's full path, from a shell where it is not active."""
+    start = [str(VENV_BIN / "runjob")]
     stops.write_job("job.toml", JOB + "    max_steps = 10\n")  # test_stops.py's, 10 steps: stopped at 6
     env = stops.env(SIGNAL_AT_STEP="6", SIGNAL="SIGTERM", PATH=path_without_venv())
     env.pop("UV", None)  # started from the user's shell, not under uv run

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
+from runjob.testing import run_process_group
+
 PAUSER_PLUGIN = """
     import os, pathlib, signal, time
     import runjob
@@ -126,8 +128,12 @@ def ctrl_c_to_the_group(
     return proc.returncode, stdout, stderr
 
 
-def assert_stopped_at_step_10_and_resumes(tester, code: int, stderr: str, started: list[str]) -> None:
-    """... and the command that goes on starts as runjob was ``started`` (the words before its arguments)."""
+def assert_stopped_at_step_10_and_resumes(
+    tester, code: int, stderr: str, started: list[str], shell: dict[str, str] | None = None
+) -> None:
+    """... and the command that goes on starts as runjob was ``started`` (the words before its
+    arguments); it is run as printed in this process, or pasted into a shell with the environment
+    ``shell``."""
     out = tester.path / "out"
     assert code == 130, stderr[-3000:]
     assert "runjob: Ctrl-C: writing a checkpoint, then stopping; press Ctrl-C again to stop at once" in stderr
@@ -140,7 +146,10 @@ def assert_stopped_at_step_10_and_resumes(tester, code: int, stderr: str, starte
     run = tester.record("out")
     assert run.status == "KILLED" and run.tags["runjob.resume_command"] == command
 
-    resumed = tester.cli(*shlex.split(command)[len(started) :])  # as printed, in this process
+    if shell is None:
+        resumed = tester.cli(*shlex.split(command)[len(started) :])  # as printed, in this process
+    else:
+        resumed = run_process_group(["bash", "-c", command], tester.path, shell, timeout=RUN_TIMEOUT)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming step-00000010" in resumed.stdout
     run = tester.record("out")
@@ -150,10 +159,14 @@ def assert_stopped_at_step_10_and_resumes(tester, code: int, stderr: str, starte
 @pytest.mark.e2e
 @pytest.mark.timeout(1200)
 def test_ctrl_c_passed_on_again_by_a_wrapper_still_checkpoints_and_the_run_resumes(stops):
+    """Started as ``python -m runjob`` from a shell where the environment is not active: the printed
+    command, pasted into such a shell, goes on (test_resume_command.py has the full path's)."""
     (stops.path / "wrapper.py").write_text(WRAPPER.replace("\n    ", "\n"))
     runjob = [sys.executable, "-m", "runjob", "job.toml", "--output-dir", "out", "--set", "train.log_every=5"]
     code, _, stderr = ctrl_c_to_the_group(stops, [sys.executable, "wrapper.py", *runjob], PATH=path_without_venv())
-    assert_stopped_at_step_10_and_resumes(stops, code, stderr, runjob[:3])
+    shell = stops.env(PATH=path_without_venv())
+    shell.pop("UV", None)  # the user's shell, not uv run
+    assert_stopped_at_step_10_and_resumes(stops, code, stderr, runjob[:3], shell)
 
 
 @pytest.mark.e2e
