@@ -490,7 +490,7 @@ def test_a_sweep_killed_mid_trial_resumes_with_one_parent_its_finished_trials_ke
         checkpoint, so it cannot finish before it is killed, however fast this machine is."""
         checkpoints = tester.path / f"sweep/trial-00{trial}/checkpoints"
         deadline = time.monotonic() + 400
-        while not (checkpoints.is_dir() and any(checkpoints.glob("*/*"))):
+        while not (checkpoints.is_dir() and any(checkpoints.glob("step-*"))):  # renamed into place once whole
             assert sweep.poll() is None and time.monotonic() < deadline, f"trial {trial} never wrote a checkpoint"
             time.sleep(0.02)
         [worker] = [p for p in psutil.Process(sweep.pid).children() if "--join" in p.cmdline()]

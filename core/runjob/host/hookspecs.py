@@ -31,15 +31,14 @@ annotated ``torch.Tensor``, imported for type checkers only: loading plugins nev
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pluggy
 
 if TYPE_CHECKING:  # annotations only: loading plugins never imports torch (import-linter ignores these)
     import torch
 
-    from runjob.host.components import Options
+    from runjob.host.components import Factory, Options
     from runjob.host.run_context import Run
 
 hookspec = pluggy.HookspecMarker("runjob")
@@ -67,7 +66,7 @@ class Register(Protocol):
     def __call__(
         self,
         name: str,
-        factory: Callable[..., Any],
+        factory: Factory,
         *,
         options: type[Options] | None = None,
         description: str = "",
