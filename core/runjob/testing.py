@@ -74,7 +74,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import pytest
 
@@ -82,6 +82,20 @@ from runjob import hookimpl
 from runjob.host.events import Destination, Event, MetricsDestination
 from runjob.host.run_context import Clock, Run
 from runjob.host.run_folder import METRICS_FILE, WEIGHTS_FILE, RunFolder
+
+if TYPE_CHECKING:
+    import torch
+    from mlflow import MlflowClient
+    from mlflow.entities import DatasetInput
+    from mlflow.entities import Run as MlflowEntitiesRun
+
+    from runjob.host.callback import Callback
+    from runjob.host.components import Batch, Inputs, ModelOutputs, Options
+    from runjob.host.hookspecs import Register
+    from runjob.host.task import Task, TaskOptions
+    from runjob.train.checkpoints import Position
+
+T = TypeVar("T")
 
 __all__ = [
     "CliResult",
@@ -254,7 +268,7 @@ def run_process_group(
     return CliResult(proc.returncode, stdout, stderr)
 
 
-def _kill_group(proc: subprocess.Popen[Any]) -> None:
+def _kill_group(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -343,7 +357,7 @@ class MlflowRun:
     :meth:`history` for a metric's points, :meth:`artifacts` and :meth:`download` for its files.
     ``client`` and ``run`` (MLflow's own ``Run``) are there for anything else."""
 
-    def __init__(self, client: Any, run: Any) -> None:
+    def __init__(self, client: MlflowClient, run: MlflowEntitiesRun) -> None:
         self.client = client
         self.run = run
 
@@ -390,9 +404,9 @@ class MlflowRun:
         return dict(self.run.data.metrics)
 
     @property
-    def inputs(self) -> list[Any]:
+    def inputs(self) -> list[DatasetInput]:
         """The run's dataset inputs (MLflow ``DatasetInput`` objects)."""
-        return list(self.run.inputs.dataset_inputs)
+        return list(self.run.inputs.dataset_inputs)  # type: ignore[union-attr]  # read from a store: always there
 
     def history(self, key: str) -> list[tuple[int, float]]:
         """Every point of metric ``key`` as ``(step, value)``, in the order MLflow returns them."""
@@ -514,7 +528,14 @@ def read_run(output_dir: str | Path, exit_code: int | None = None) -> RecordedRu
 # A plugin of tiny models, for tests where ResNet-18 proves nothing
 
 
-def build_tiny_cnn(options: Any) -> Any:
+class _TinyCNNSettings(Protocol):
+    """What :func:`build_tiny_cnn` reads of its options (``TinyCNNOptions``)."""
+
+    channels: int
+    num_classes: int
+
+
+def build_tiny_cnn(options: _TinyCNNSettings) -> torch.nn.Sequential:
     """``tiny_cnn``: a 3x3 convolution (3 -> ``channels``), ReLU, average pooling to 4x4 and a linear
     layer to ``num_classes``; any image size from 1x1 up. A few thousand parameters."""
     import torch.nn as nn
@@ -529,7 +550,7 @@ def build_tiny_cnn(options: Any) -> Any:
 
 
 @functools.cache
-def _tiny_cnn_options() -> type:
+def _tiny_cnn_options() -> type[Options]:
     from pydantic import Field
 
     import runjob
@@ -543,7 +564,7 @@ def _tiny_cnn_options() -> type:
     return TinyCNNOptions
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[Options]:
     # pydantic is imported when the options class is first asked for, not with this module
     if name == "TinyCNNOptions":
         return _tiny_cnn_options()
@@ -554,7 +575,7 @@ class _TinyModels:
     """The runjob plugin behind :data:`TINY_MODELS`."""
 
     @hookimpl
-    def runjob_register_models(self, register: Any) -> None:
+    def runjob_register_models(self, register: Register) -> None:
         register(
             "tiny_cnn",
             build_tiny_cnn,
@@ -576,9 +597,9 @@ TINY_MODELS_DIST = "runjob-testing-tiny-models"
 
 
 def evaluate_task(
-    task: Any,
-    evaluated: Iterable[tuple[Any, Any]],
-    options: Any = None,
+    task: Task,
+    evaluated: Iterable[tuple[ModelOutputs, Batch]],
+    options: TaskOptions | None = None,
     *,
     prefix: str = "val",
     name: str | None = None,
@@ -615,7 +636,7 @@ class _Unset:
         return "<not set>"
 
 
-UNSET: Any = _Unset()
+UNSET = _Unset()
 """The value of a :class:`FakeRun` attribute the test did not give: reading it raises :class:`NotFaked`."""
 
 
@@ -624,7 +645,7 @@ class FakeJob:
     the run can report, with ``"max"`` or ``"min"``) and whatever else is given by keyword (e.g.
     ``train=SimpleNamespace(log_every=5)``); anything else raises :class:`NotFaked`."""
 
-    def __init__(self, metrics: Mapping[str, str] | None = None, **attributes: Any) -> None:
+    def __init__(self, metrics: Mapping[str, str] | None = None, **attributes: object) -> None:
         self.metrics = dict(metrics or {})
         self.__dict__.update(attributes)
 
@@ -644,7 +665,7 @@ class OneProcessAccelerator:
     is_main_process = is_local_main_process = is_last_process = True
 
     @property
-    def device(self) -> Any:
+    def device(self) -> torch.device:
         import torch
 
         return torch.device("cpu")
@@ -652,13 +673,15 @@ class OneProcessAccelerator:
     def wait_for_everyone(self) -> None:
         """One process waits for nobody."""
 
-    def unwrap_model(self, model: Any, **_: Any) -> Any:
+    def unwrap_model(self, model: torch.nn.Module, **_: object) -> torch.nn.Module:
         return model
 
-    def print(self, *args: Any, **kwargs: Any) -> None:
+    def print(self, *args: object, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
-    def save_model(self, model: Any, save_directory: str | Path, safe_serialization: bool = True, **_: Any) -> None:
+    def save_model(
+        self, model: torch.nn.Module, save_directory: str | Path, safe_serialization: bool = True, **_: object
+    ) -> None:
         from safetensors.torch import save_model
 
         if not safe_serialization:
@@ -666,7 +689,7 @@ class OneProcessAccelerator:
         Path(save_directory).mkdir(parents=True, exist_ok=True)
         save_model(model, str(Path(save_directory) / WEIGHTS_FILE))  # shared (tied) weights stored once
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> NoReturn:
         raise NotFaked(
             f"FakeRun's accelerator (one process, on the CPU) has no {name!r}: give "
             "FakeRun(accelerator=accelerate.Accelerator(cpu=True)) for it"
@@ -693,7 +716,7 @@ class _FakeRecord:
 class _FakeParts:
     """A :class:`FakeRun`'s state: what the test gave; reading anything else raises :class:`NotFaked`."""
 
-    def __init__(self, given: dict[str, Any]) -> None:
+    def __init__(self, given: dict[str, object]) -> None:
         self.__dict__.update(given)
 
     def __getattr__(self, name: str) -> Any:
@@ -758,11 +781,11 @@ class FakeRun(Run):
         epoch: int
 
     @property
-    def callbacks(self) -> Mapping[str, Any]:
+    def callbacks(self) -> Mapping[str, Callback]:
         return self._parts.callbacks
 
     @callbacks.setter
-    def callbacks(self, value: Mapping[str, Any]) -> None:  # what __setattr__ does
+    def callbacks(self, value: Mapping[str, Callback]) -> None:  # what __setattr__ does
         setattr(self._parts, "callbacks", value)  # noqa: B010 - a frozen RunParts to the type checker
 
     def request_stop(self, reason: str) -> None:
@@ -786,10 +809,10 @@ class FakeRun(Run):
         return f"FakeRun(step={self.step}, epoch={self.epoch}, logs={len(self.logs)}, stop={self.stop_reason!r})"
 
 
-def _per_step(value: Any, what: str, steps: int) -> Callable[[int], Any]:
+def _per_step(value: T | Sequence[T] | Callable[[int], T], what: str, steps: int) -> Callable[[int], T]:
     """A value a step from a constant, a sequence (item i for step i + 1) or a function of the step."""
     if callable(value):
-        return value  # type: ignore[no-any-return]  # a function of the step, as documented
+        return value  # a function of the step, as documented
     if isinstance(value, Sequence) and not isinstance(value, str):
         if len(value) < steps:
             raise ValueError(f"drive(): {what} has {len(value)} items for {steps} steps: give one a step")
@@ -806,10 +829,10 @@ class _FakeWork:
         run: FakeRun,
         *,
         steps_per_epoch: int,
-        losses: Callable[[int], Any],
-        lr: Callable[[int], Any],
+        losses: Callable[[int], float],
+        lr: Callable[[int], float],
         evaluations: Mapping[int, Mapping[str, float]] | Callable[[int], Mapping[str, float]] | None,
-        batches: Callable[[int], Any] | None,
+        batches: Callable[[int], Batch] | None,
         loss_tensors: bool,
     ) -> None:
         self.run = run
@@ -819,11 +842,11 @@ class _FakeWork:
         self.unlogged_losses: list[float] = []
         self.synced = True
 
-    def start_epoch(self, epoch: int, skip: int) -> Iterator[Any]:
+    def start_epoch(self, epoch: int, skip: int) -> Iterator[Batch]:
         for _ in range(self.batches_per_epoch - skip):
             yield self.batches(self.run.step) if self.batches is not None else None  # None: nobody listens
 
-    def train_batch(self, batch: Any, step: int, first: bool) -> tuple[Any, bool]:
+    def train_batch(self, batch: Batch, step: int, first: bool) -> tuple[torch.Tensor | float, bool]:
         loss = float(self.losses(step))
         self.unlogged_losses.append(loss)
         return (_loss_tensor(loss) if self.loss_tensors else loss), True
@@ -855,7 +878,7 @@ class _FakeWork:
     def agree(self) -> tuple[int, bool]:
         return 0, bool(self.run.stop_reason)
 
-    def checkpoint(self, position: Any) -> None:
+    def checkpoint(self, position: Position) -> None:
         """No checkpoint."""
 
 
@@ -867,22 +890,22 @@ class _EventLog(Destination):
     def __init__(self, run: FakeRun) -> None:
         self.run = run
 
-    def before(self, event: Event, values: tuple[Any, ...]) -> None:
+    def before(self, event: Event, values: tuple[object, ...]) -> None:
         self.run.events.append((event.method, self.run.step, self.run.epoch))
 
 
 def drive(
-    callbacks: Any,
+    callbacks: Callback | Mapping[str, Callback],
     *,
     steps: int,
     run: FakeRun | None = None,
     steps_per_epoch: int | None = None,
     log_every: int = 10,
     eval_every: int | None = None,
-    losses: Any = 1.0,
-    lr: Any = 1e-3,
+    losses: float | Sequence[float] | Callable[[int], float] = 1.0,
+    lr: float | Sequence[float] | Callable[[int], float] = 1e-3,
     evaluations: Mapping[int, Mapping[str, float]] | Callable[[int], Mapping[str, float]] | None = None,
-    batches: Any = None,
+    batches: Batch = None,
 ) -> FakeRun:
     """Drive ``callbacks`` (one :class:`runjob.Callback`, or a dict of them by name, called in its
     order) through the events of a one-process training run of ``steps`` optimizer steps: the
@@ -949,13 +972,13 @@ def drive(
     return run
 
 
-def _loss_tensor(loss: float) -> Any:
+def _loss_tensor(loss: float) -> torch.Tensor:
     import torch
 
     return torch.tensor(loss)
 
 
-def round_trip_inputs(inputs: Any, folder: str | Path) -> Any:
+def round_trip_inputs(inputs: object, folder: str | Path) -> Inputs:
     """``inputs`` (a dataset's :class:`runjob.Inputs`) written as data into ``folder`` and rebuilt
     from it, as a finished run's predictor is read back by ``runjob predict``, ``runjob export`` and
     the run's MLflow model (:func:`runjob.host.plain_data.round_trip`); returns the rebuilt object.
@@ -1158,7 +1181,7 @@ class RunjobTester:
         return RecordedRun(self.path / output_dir)
 
     @functools.cached_property
-    def client(self) -> Any:
+    def client(self) -> MlflowClient:
         """An ``MlflowClient`` of this test's store."""
         from mlflow import MlflowClient
 

@@ -23,12 +23,17 @@ import graphlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from runjob.errors import Terminated, TrainingError, describe
 
 if TYPE_CHECKING:
+    from pluggy import HookImpl, HookRelay
+
     from runjob.host.callback import Callback
+    from runjob.host.run_context import Run
+
+T = TypeVar("T")
 
 
 class Event(enum.Enum):
@@ -144,10 +149,10 @@ class Destination:
     BEFORE: frozenset[Event] = frozenset()
     AFTER: frozenset[Event] = frozenset()
 
-    def before(self, event: Event, values: tuple[Any, ...]) -> None:
+    def before(self, event: Event, values: tuple[object, ...]) -> None:
         """``event`` with its ``values`` (``event.arguments``), before its listeners."""
 
-    def after(self, event: Event, values: tuple[Any, ...]) -> None:
+    def after(self, event: Event, values: tuple[object, ...]) -> None:
         """``event`` with its ``values``, after its listeners."""
 
     def record(self, metrics: dict[str, float], step: int) -> None:
@@ -165,14 +170,14 @@ class MetricsDestination(Destination):
     def __init__(self, sink: Callable[[dict[str, float], int], None]) -> None:
         self.sink = sink
 
-    def before(self, event: Event, values: tuple[Any, ...]) -> None:
+    def before(self, event: Event, values: tuple[object, ...]) -> None:
         if event is Event.EVALUATION:
-            step, _, metrics = values
+            step, _, metrics = cast("tuple[int, int, dict[str, float]]", values)
             self.sink(metrics, step)
 
-    def after(self, event: Event, values: tuple[Any, ...]) -> None:
+    def after(self, event: Event, values: tuple[object, ...]) -> None:
         if event is Event.LOG:
-            step, _, metrics = values
+            step, _, metrics = cast("tuple[int, int, dict[str, float]]", values)
             self.sink(metrics, step)
 
     def record(self, metrics: dict[str, float], step: int) -> None:
@@ -184,7 +189,7 @@ class Listener:
     """One callable that hears an event: ``who`` names it in error messages."""
 
     who: str
-    call: Callable[..., Any]
+    call: Callable[..., object]
     where: str = ""
     """The method or hook it is (the event's callback method when empty)."""
     by_name: bool = False
@@ -236,10 +241,10 @@ class Dispatcher:
 
     def __init__(
         self,
-        run: Any,
+        run: Run,
         callbacks: Mapping[str, Callback],
         *,
-        hooks: Any = None,
+        hooks: HookRelay | None = None,
         plugins: Mapping[str, str] | None = None,
         main_process: bool = True,
         journal: Journal | None = None,
@@ -308,7 +313,7 @@ class Dispatcher:
             for impl in reversed(implementations)
         ]
 
-    def send(self, event: Event, *values: Any) -> None:
+    def send(self, event: Event, *values: object) -> None:
         """Call every listener of ``event`` with ``run`` and ``values`` (``event.arguments``), between
         the destinations that hear it before them and those that hear it after them."""
         listeners = self.listeners(event)
@@ -319,7 +324,7 @@ class Dispatcher:
             for destination in after:
                 destination.after(event, values)
             return
-        joining = values[2] if event is Event.LOG else None
+        joining = cast("dict[str, float]", values[2]) if event is Event.LOG else None  # LOG: step, epoch, metrics
         journal = self.journal
         if journal is None:
             self._heard(event, listeners, values, before, after)
@@ -331,7 +336,7 @@ class Dispatcher:
         self,
         event: Event,
         listeners: Sequence[Listener],
-        values: tuple[Any, ...],
+        values: tuple[object, ...],
         before: Sequence[Destination],
         after: Sequence[Destination],
     ) -> None:
@@ -346,7 +351,7 @@ class Dispatcher:
         for destination in self.destinations:
             destination.record(metrics, step)
 
-    def _call_all(self, event: Event, listeners: Sequence[Listener], values: tuple[Any, ...]) -> None:
+    def _call_all(self, event: Event, listeners: Sequence[Listener], values: tuple[object, ...]) -> None:
         for listener in listeners:
             try:
                 self._call(event, listener, values)
@@ -358,18 +363,18 @@ class Dispatcher:
                     f"{listener.who} failed in {where} at step {self.step()}: {describe(error)}"
                 ) from error
 
-    def _call(self, event: Event, listener: Listener, values: tuple[Any, ...]) -> None:
+    def _call(self, event: Event, listener: Listener, values: tuple[object, ...]) -> None:
         if listener.by_name:
             listener.call(run=self.run, **dict(zip(event.arguments, values, strict=True)))
         else:
             listener.call(self.run, *values)
 
-    def states(self) -> dict[str, Any]:
+    def states(self) -> dict[str, dict[str, object]]:
         """Every callback's ``state_dict()`` by name, for a checkpoint, under the error policy: a
         callback that fails is one line naming it, the method and the step."""
         return {name: self._guarded(name, "state_dict", item.state_dict) for name, item in self.callbacks.items()}
 
-    def load_states(self, states: Mapping[str, Any], source: str) -> None:
+    def load_states(self, states: Mapping[str, object], source: str) -> None:
         """Give each callback its state from a checkpoint (``load_state_dict``; ``source`` names the
         checkpoint), under the error policy: a callback's own failure is said as its failure, not as
         a damaged checkpoint."""
@@ -377,7 +382,7 @@ class Dispatcher:
             if states.get(name):
                 self._guarded(name, "load_state_dict", callback.load_state_dict, states[name], at=f"loading {source}")
 
-    def _guarded(self, name: str, where: str, method: Callable[..., Any], *arguments: Any, at: str = "") -> Any:
+    def _guarded(self, name: str, where: str, method: Callable[..., T], *arguments: object, at: str = "") -> T:
         try:
             return method(*arguments)
         except (Terminated, KeyboardInterrupt, TrainingError):
@@ -405,11 +410,11 @@ class Dispatcher:
             destination.after(Event.RUN_END, (status, error))
 
 
-def _by_name(implementation: Any) -> Callable[..., None]:
+def _by_name(implementation: HookImpl) -> Callable[..., None]:
     """A hook implementation called with only the arguments it names, as pluggy calls it."""
     function, names = implementation.function, tuple(implementation.argnames)
 
-    def call(**given: Any) -> None:
+    def call(**given: object) -> None:
         function(*(given[name] for name in names))
 
     return call

@@ -40,7 +40,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from runjob.errors import RunjobError
 from runjob.host.run_folder import RunFolder
@@ -49,7 +49,12 @@ from runjob.record.messages import Recording
 from runjob.tags import RETRIED_TAG
 
 if TYPE_CHECKING:
-    from runjob.record.mlflow_writer import Uploader
+    from runjob.host.plugin_host import PluginHost
+    from runjob.record.local import MetricLine
+    from runjob.record.mlflow_writer import Retrying, RunWriter, Uploader
+    from runjob.record.naming import HeadlineFirst
+
+R = TypeVar("R", bound=messages.Reply)  # the kind of reply waited for
 
 MODULE = "runjob.record.mirror"
 FINAL_UPLOAD_TIMEOUT_S = 300.0  # the longest the end of a run waits for MLflow
@@ -128,7 +133,7 @@ class Mirror:
     def __init__(self, first: messages.Start | messages.Join, recording: Recording | None = None) -> None:
         global _early
         self.recording = choose(recording)
-        self._replies: dict[type, Any] = {}
+        self._replies: dict[type, messages.Reply] = {}
         self._arrived = threading.Condition()
         self._gone = False
         self.lost: str | None = None  # why the pipe broke, when it did
@@ -189,12 +194,12 @@ class Mirror:
         except (OSError, ValueError) as error:  # it died: the local record has everything
             self.lost = f"the recording process stopped ({type(error).__name__})"
 
-    def reply(self, kinds: tuple[type, ...], timeout: float) -> Any | None:
+    def reply(self, kinds: tuple[type[R], ...], timeout: float) -> R | None:
         """Wait at most ``timeout`` s for a reply of one of ``kinds`` (or the process's end);
         returns it, None when none came."""
 
-        def arrived() -> Any | None:
-            return next((self._replies[kind] for kind in kinds if kind in self._replies), None)
+        def arrived() -> R | None:
+            return next((cast(R, self._replies[kind]) for kind in kinds if kind in self._replies), None)
 
         with self._arrived:
             self._arrived.wait_for(lambda: arrived() is not None or self._gone, timeout)
@@ -206,7 +211,7 @@ class Mirror:
         if self._inbox is not None:
             self._inbox.put(messages.Close())
             self._reader.join(timeout)
-            return self._replies.get(messages.Ended)
+            return cast("messages.Ended | None", self._replies.get(messages.Ended))
         assert self._proc is not None
         # said, not only the pipe closed: a DataLoader worker forked from this process holds a copy
         # of the pipe's end, so the recording process may never see it close
@@ -222,7 +227,7 @@ class Mirror:
             self._proc.kill()
             self._proc.wait()
         self._reader.join(10)
-        return self._replies.get(messages.Ended)
+        return cast("messages.Ended | None", self._replies.get(messages.Ended))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,12 +239,12 @@ class _Recording:
 
     def __init__(self, answer: Callable[[messages.Reply], None]) -> None:
         self.reply = answer
-        self.writer: Any = None  # the run's mlflow_writer.RunWriter
+        self.writer: RunWriter = None  # type: ignore[assignment]  # the run's, from begin() on
         self.uploader: Uploader[messages.Point] | None = None
         self.output_dir = Path()
         self.start: messages.Start | None = None  # None: another machine's (Join)
-        self.host: Any = None
-        self.first_metrics: Any = None  # a new run's: HeadlineFirst
+        self.host: PluginHost | None = None
+        self.first_metrics: HeadlineFirst | None = None  # a new run's
         self.prewarmed: threading.Thread | None = None
         self.caught_up = False  # a resumed run: MLflow was given what its killed predecessor had not sent
 
@@ -359,7 +364,7 @@ class _Recording:
         it holds when ``release``); any other run's as they come."""
         if self.first_metrics is None:
             return points
-        lines = [dataclasses.asdict(p) for p in points]  # HeadlineFirst reads metrics.jsonl's lines
+        lines = [cast("MetricLine", dataclasses.asdict(p)) for p in points]  # HeadlineFirst reads metrics.jsonl's lines
         given = self.first_metrics.release() if release else self.first_metrics.take(lines)
         return [messages.Point.of(line) for line in given]
 
@@ -415,7 +420,7 @@ class _Recording:
         )
 
 
-def _open_run(first: messages.Start | messages.Join, uri: str, retrying: Any = None) -> Any:
+def _open_run(first: messages.Start | messages.Join, uri: str, retrying: Retrying | None = None) -> RunWriter:
     """Create the run with its tags and params (or reopen a resumed one, or take the one another
     machine's main process made); returns its :class:`runjob.record.mlflow_writer.RunWriter`."""
     from runjob.record.mlflow_writer import RunWriter, connect, retried
@@ -444,7 +449,9 @@ def _open_run(first: messages.Start | messages.Join, uri: str, retrying: Any = N
     return writer
 
 
-def _build_model(output_dir: Path, request: messages.Model, host: Any = None, notes: list[str] | None = None) -> Path:
+def _build_model(
+    output_dir: Path, request: messages.Model, host: PluginHost | None = None, notes: list[str] | None = None
+) -> Path:
     """The run's job rebuilt from its ``job.toml`` (with the plugins the run had), its example
     input loaded, and the MLflow model written (record.model_logging)."""
     from runjob.host.plugin_host import load_plugins

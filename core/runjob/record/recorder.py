@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
 from runjob.errors import TrackingError, describe
 from runjob.host.run_folder import METRICS_FILE, RunFolder
@@ -35,6 +35,11 @@ from runjob.record.mirror import FINAL_UPLOAD_TIMEOUT_S, Mirror
 from runjob.record.mlflow_writer import MODEL_ARTIFACT
 from runjob.record.model_logging import MODEL_FOLDER
 from runjob.tags import ERROR_TAG
+
+if TYPE_CHECKING:
+    from runjob.host.components import Batch
+    from runjob.host.json_types import JSONObject
+    from runjob.job.schema import TrackingTable
 
 Role = Literal["main", "node", "none"]
 
@@ -84,7 +89,7 @@ class Recorder:
     def start(
         self,
         *,
-        tracking: Any,
+        tracking: TrackingTable,
         experiment: str,
         run_name: str,
         params: dict[str, str],
@@ -118,7 +123,7 @@ class Recorder:
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """Record the file or folder ``path`` (inside the output folder) as an artifact."""
 
-    def log_model(self, example: Any = None, prediction: dict[str, Any] | None = None) -> None:
+    def log_model(self, example: Batch = None, prediction: JSONObject | None = None) -> None:
         """Have the recording process write the run's MLflow model (:meth:`MainRecorder.log_model`)."""
 
     def model_logged(self, timeout: float = FINAL_UPLOAD_TIMEOUT_S) -> None:
@@ -148,7 +153,7 @@ class NodeRecorder(Recorder):
     def __init__(self, output_dir: Path, role: str | None = None, machine_rank: int = 0) -> None:
         super().__init__(output_dir, role, machine_rank)
         self._metrics: MetricsWriter | None = None
-        self._mirror: Any = None
+        self._mirror: Mirror | None = None
         self._ended = False
 
     @property
@@ -199,7 +204,7 @@ class MainRecorder(Recorder):
         super().__init__(output_dir, role, machine_rank)
         self._state = "new"  # -> started -> ended
         self._metrics: MetricsWriter | None = None
-        self._mirror: Any = None
+        self._mirror: Mirror | None = None
         self._mirroring = False  # MLflow gets the record (not offline, not given up)
         self._began_offline = False
         self._disabled: dict[str, str] = {}
@@ -224,7 +229,7 @@ class MainRecorder(Recorder):
     def start(
         self,
         *,
-        tracking: Any,
+        tracking: TrackingTable,
         experiment: str,
         run_name: str,
         params: dict[str, str],
@@ -326,8 +331,8 @@ class MainRecorder(Recorder):
         assert self._metrics is not None
         timestamp = now_ms()
         self._metrics.write(metrics, step, timestamp)
-        if self._mirroring:
-            self._mirror.send(messages.Metrics(_points(metrics, step, timestamp)))
+        if self._mirroring:  # a mirror is there
+            cast("Mirror", self._mirror).send(messages.Metrics(_points(metrics, step, timestamp)))
 
     def log_training_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.log_metrics(metrics, step)
@@ -338,8 +343,8 @@ class MainRecorder(Recorder):
         with self._lock:
             self.record.tags.update(tags)
         self._save()
-        if self._mirroring:
-            self._mirror.send(messages.Tags(tags))
+        if self._mirroring:  # a mirror is there
+            cast("Mirror", self._mirror).send(messages.Tags(tags))
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         self._require_started("log_artifact")
@@ -348,10 +353,10 @@ class MainRecorder(Recorder):
             added = self.record.add_artifact(relative, artifact_path)
         if added:
             self._save()
-        if self._mirroring:
-            self._mirror.send(messages.Artifact(relative, artifact_path))
+        if self._mirroring:  # a mirror is there
+            cast("Mirror", self._mirror).send(messages.Artifact(relative, artifact_path))
 
-    def log_model(self, example: Any = None, prediction: dict[str, Any] | None = None) -> None:
+    def log_model(self, example: Batch = None, prediction: JSONObject | None = None) -> None:
         """Have the recording process build the run's MLflow model from the saved final weights
         (``OUTPUT_DIR/mlflow_model``) and log it as the run's logged model; ``example`` is a batch
         of two inputs as the model sees them (for ``pickle`` and ``pt2``; a ``weights`` model needs
@@ -410,8 +415,8 @@ class MainRecorder(Recorder):
             with self._lock:
                 self.record.inputs.append(entry)
             self._save()
-        if self._mirroring:
-            self._mirror.send(messages.Input(entry))
+        if self._mirroring:  # a mirror is there
+            cast("Mirror", self._mirror).send(messages.Input(entry))
 
     def end(self, status: str, error: BaseException | None = None) -> None:
         """Close the run as FINISHED, FAILED or KILLED, after everything queued has been sent."""

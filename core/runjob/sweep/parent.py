@@ -16,7 +16,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from runjob.errors import TrackingError, describe
 from runjob.host.run_folder import RunFolder
@@ -41,6 +41,11 @@ from runjob.tags import (
     SWEEP_UNSYNCED_TAG,
     UNSYNCED_ATTR,
 )
+
+if TYPE_CHECKING:  # Optuna and matplotlib are imported when a sweep needs them
+    import optuna
+    from matplotlib.axes import Axes
+    from optuna.trial import FrozenTrial
 
 STATE_NAMES = {
     "COMPLETE": "finished",
@@ -143,7 +148,7 @@ class ParentRun:
                 self.finished = len(self.logged)
                 best = best_trial(study)
                 if best is not None:
-                    self.recorded.log_metrics({f"best/{metric}": float(best.value)}, self.finished)
+                    self.recorded.log_metrics({f"best/{metric}": float(cast(float, best.value))}, self.finished)
 
     def finish_unstarted(self, error: BaseException) -> None:
         """The sweep could not begin after its parent run was created: the run ends FAILED, saying why."""
@@ -219,18 +224,18 @@ def warn_if_mlflow_fails(what: str) -> Iterator[None]:
         print(f"runjob: warning: could not record {what} to MLflow: {describe(error)}", file=sys.stderr)
 
 
-def _last_intermediate(trial: Any) -> float | None:
+def _last_intermediate(trial: FrozenTrial) -> float | None:
     values = trial.intermediate_values
     return float(values[max(values)]) if values else None
 
 
-def best_trial(study: SweepStudy) -> Any:
+def best_trial(study: SweepStudy) -> FrozenTrial | None:
     """The finished (not pruned) trial with the best value, the earliest among equals."""
     complete = [t for t in study.trials() if t.state == study.states.COMPLETE and t.value is not None]
     if not complete:
         return None
     sign = -1 if study.sweep.direction == "maximize" else 1
-    return min(complete, key=lambda t: (sign * t.value, t.number))
+    return min(complete, key=lambda t: (sign * cast(float, t.value), t.number))  # complete: each has a value
 
 
 def unsynced_trials(study: SweepStudy) -> list[int]:
@@ -238,13 +243,29 @@ def unsynced_trials(study: SweepStudy) -> list[int]:
     return [trial.number for trial in study.trials() if trial.user_attrs.get(UNSYNCED_ATTR)]
 
 
-def overrides_of(study: SweepStudy, trial: Any) -> list[str]:
+def overrides_of(study: SweepStudy, trial: FrozenTrial) -> list[str]:
     return [override(key, value) for key, value in job_values(study.sweep.parameters, trial.params).items()]
 
 
-def trial_rows(study: SweepStudy) -> list[dict[str, Any]]:
+class TrialRow(TypedDict):
+    """One trial of ``trials.json``."""
+
+    trial: int
+    state: str
+    value: float | None
+    values: dict[str, object]
+    overrides: list[str]
+    run_id: str | None
+    output_dir: str | None
+    started: str | None
+    seconds: float | None
+    message: str
+    unsynced: str | None
+
+
+def trial_rows(study: SweepStudy) -> list[TrialRow]:
     """``trials.json``: each trial's number, state, value, ``--set`` flags, run and folder."""
-    rows = []
+    rows: list[TrialRow] = []
     for trial in study.trials():
         if trial.state == study.states.WAITING:
             continue
@@ -295,7 +316,7 @@ def save_plots(study: SweepStudy, folder: Path, importances: dict[str, float]) -
         print(f"runjob: note: no plots of the sweep ({error}): pip install matplotlib", file=sys.stderr)
         return []
     saved = []
-    plots: list[tuple[str, Callable[[Any], Any]]] = [(HISTORY_PLOT, views.plot_optimization_history)]
+    plots: list[tuple[str, Callable[[optuna.Study], Axes]]] = [(HISTORY_PLOT, views.plot_optimization_history)]
     if importances:
         plots.append((IMPORTANCES_PLOT, views.plot_param_importances))
     for name, view in plots:

@@ -16,9 +16,10 @@ import fcntl
 import json
 import os
 import socket
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from runjob.errors import RunjobError, describe
 from runjob.job.redaction import redact_text
@@ -26,10 +27,22 @@ from runjob.job.schema import SWEEP_TABLE, SweepPruner, SweepRange, SweepTable
 from runjob.sweep.sweep_folder import STUDY_FILE, SWEEP_FILE, TRIAL_LOCK, trial_name
 from runjob.tags import OUTPUT_DIR_ATTR, STOPPED_ATTR, WORKER_ATTR, WORKERS_ATTR
 
+if TYPE_CHECKING:  # Optuna is imported when a sweep needs it
+    from types import ModuleType
+
+    import optuna
+    from optuna.distributions import BaseDistribution, CategoricalChoiceType
+    from optuna.pruners import BasePruner
+    from optuna.samplers import BaseSampler
+    from optuna.storages import BaseStorage
+
+Parameters: TypeAlias = "Mapping[str, list[object] | SweepRange]"
+"""``[sweep] parameters``: each swept job key's list of values or range."""
+
 # --- Optuna, its storages and pruners (Optuna imported only when a sweep needs it) -------------------
 
 
-def import_optuna(method: str) -> Any:
+def import_optuna(method: str) -> ModuleType:
     """Optuna, or a RunjobError saying how to install it."""
     try:
         import optuna
@@ -45,21 +58,21 @@ def is_url(storage: str) -> bool:
     return "://" in storage
 
 
-def open_storage(optuna: Any, storage: str) -> Any:
+def open_storage(optuna: ModuleType, storage: str) -> BaseStorage:
     """Optuna's storage for ``storage``: an RDB storage for a URL, a journal file otherwise."""
     try:
         if is_url(storage):
-            return optuna.storages.RDBStorage(storage)
+            return cast("BaseStorage", optuna.storages.RDBStorage(storage))
         from optuna.storages.journal import JournalFileBackend
 
-        return optuna.storages.JournalStorage(JournalFileBackend(storage))
+        return cast("BaseStorage", optuna.storages.JournalStorage(JournalFileBackend(storage)))
     except Exception as error:  # noqa: BLE001 - a driver missing, a server down, a bad URL: one line
         raise RunjobError(
             f"{SWEEP_TABLE}.storage = {redact_text(storage)!r}: Optuna cannot open it: {describe(error)}"
         ) from None
 
 
-def make_pruner(optuna: Any, pruner: SweepPruner) -> Any:
+def make_pruner(optuna: ModuleType, pruner: SweepPruner) -> BasePruner:
     """Optuna's pruner named ``pruner.name`` with the job's options (``none``: never prunes)."""
     pruners = optuna.pruners
     made = {
@@ -68,7 +81,7 @@ def make_pruner(optuna: Any, pruner: SweepPruner) -> Any:
         "successive_halving": pruners.SuccessiveHalvingPruner,
         "hyperband": pruners.HyperbandPruner,
     }[pruner.name]
-    return made(**pruner.options())
+    return cast("BasePruner", made(**pruner.options()))
 
 
 class FileLock:
@@ -167,7 +180,7 @@ def storage_of(sweep: SweepTable, folder: Path) -> str:
 # --- samplers, pruners and the parameters' distributions ------------------------------------------
 
 
-def make_sampler(optuna: Any, sweep: SweepTable, worker: int) -> Any:
+def make_sampler(optuna: ModuleType, sweep: SweepTable, worker: int) -> BaseSampler:
     """The sampler for ``sweep.method``, seeded ``seed + worker`` so workers draw different points."""
     seed = sweep.seed + worker
     samplers = optuna.samplers
@@ -175,11 +188,11 @@ def make_sampler(optuna: Any, sweep: SweepTable, worker: int) -> Any:
         grid = {key: choices(spec) for key, spec in sweep.parameters.items() if isinstance(spec, list)}
         if len(grid) < len(sweep.parameters):  # validate refuses a range in a grid sweep before this
             raise RunjobError(f"{SWEEP_TABLE}: a grid sweep takes a list of values for every key, not a range")
-        return samplers.GridSampler(grid, seed=seed)
+        return cast("BaseSampler", samplers.GridSampler(grid, seed=seed))
     if sweep.method == "random":
-        return samplers.RandomSampler(seed=seed)
+        return cast("BaseSampler", samplers.RandomSampler(seed=seed))
     if sweep.method == "tpe":  # constant_liar: running trials count as bad, so workers spread out
-        return samplers.TPESampler(seed=seed, constant_liar=True)
+        return cast("BaseSampler", samplers.TPESampler(seed=seed, constant_liar=True))
     needs = {"cmaes": "cmaes", "gp": "scipy"}[sweep.method]
     try:
         __import__(needs)
@@ -188,20 +201,20 @@ def make_sampler(optuna: Any, sweep: SweepTable, worker: int) -> Any:
             f"{SWEEP_TABLE}.method = \"{sweep.method}\" needs {needs}: pip install 'runjob-train[sweep]'"
         ) from None
     if sweep.method == "cmaes":
-        return samplers.CmaEsSampler(seed=seed)
-    return samplers.GPSampler(seed=seed)
+        return cast("BaseSampler", samplers.CmaEsSampler(seed=seed))
+    return cast("BaseSampler", samplers.GPSampler(seed=seed))
 
 
-def choices(spec: list[Any]) -> list[Any]:
+def choices(spec: Sequence[object]) -> list[CategoricalChoiceType]:
     """A list of values as Optuna stores it: the values themselves when Optuna can (numbers,
     strings, booleans), else their positions (an array or a table as a choice)."""
     if all(value is None or isinstance(value, (str, int, float, bool)) for value in spec):
-        return list(spec)
+        return cast("list[CategoricalChoiceType]", list(spec))
     return list(range(len(spec)))
 
 
-def distributions(optuna: Any, parameters: dict[str, list[Any] | SweepRange]) -> dict[str, Any]:
-    made = {}
+def distributions(optuna: ModuleType, parameters: Parameters) -> dict[str, BaseDistribution]:
+    made: dict[str, BaseDistribution] = {}
     for key, spec in parameters.items():
         if isinstance(spec, list):
             made[key] = optuna.distributions.CategoricalDistribution(choices(spec))
@@ -212,25 +225,25 @@ def distributions(optuna: Any, parameters: dict[str, list[Any] | SweepRange]) ->
     return made
 
 
-def job_values(parameters: dict[str, list[Any] | SweepRange], params: dict[str, Any]) -> dict[str, Any]:
+def job_values(parameters: Parameters, params: Mapping[str, object]) -> dict[str, object]:
     """An Optuna trial's params as the job values they stand for."""
-    values = {}
+    values: dict[str, object] = {}
     for key, spec in parameters.items():
         value = params[key]
-        values[key] = spec[value] if isinstance(spec, list) and choices(spec) != spec else value
+        values[key] = spec[cast(int, value)] if isinstance(spec, list) and choices(spec) != spec else value
     return values
 
 
-def optuna_params(parameters: dict[str, list[Any] | SweepRange], values: dict[str, Any]) -> dict[str, Any]:
+def optuna_params(parameters: Parameters, values: Mapping[str, object]) -> dict[str, object]:
     """Job values as an Optuna trial's params (the inverse of :func:`job_values`)."""
-    params = {}
+    params: dict[str, object] = {}
     for key, value in values.items():
         spec = parameters[key]
         params[key] = spec.index(value) if isinstance(spec, list) and choices(spec) != spec else value
     return params
 
 
-def grid_points(parameters: dict[str, list[Any] | SweepRange]) -> list[dict[str, Any]]:
+def grid_points(parameters: Parameters) -> list[dict[str, object]]:
     """Every combination of the listed values, the last key varying fastest."""
     import itertools
 
@@ -255,7 +268,7 @@ class Claim:
     """A trial a worker took: its number, job values, folder, and the trial lock it holds."""
 
     number: int
-    values: dict[str, Any]
+    values: dict[str, object]
     output_dir: Path
     lock: FileLock
     resumed: bool
@@ -264,7 +277,15 @@ class Claim:
 class SweepStudy:
     """The Optuna study of one sweep, as its workers and its owner use it."""
 
-    def __init__(self, optuna: Any, study: Any, sweep: SweepTable, folder: Path, storage: str, backend: Any) -> None:
+    def __init__(
+        self,
+        optuna: ModuleType,
+        study: optuna.Study,
+        sweep: SweepTable,
+        folder: Path,
+        storage: str,
+        backend: BaseStorage,
+    ) -> None:
         self.optuna = optuna
         self.study = study
         self.backend = backend
@@ -321,7 +342,7 @@ class SweepStudy:
         self.study.sampler = make_sampler(self.optuna, self.sweep, number)
         return number
 
-    def trials(self) -> list[Any]:
+    def trials(self) -> list[optuna.trial.FrozenTrial]:
         return list(self.study.get_trials(deepcopy=False))
 
     def stopped(self) -> str | None:
@@ -344,16 +365,16 @@ class SweepStudy:
                     return Claim(trial.number, values, folder, lock, resumed=True)
         if sum(trial.state != self.states.WAITING for trial in trials) >= self.budget:
             return None
-        trial = self.study.ask(self.distributions)
-        folder = self.folder / trial_name(trial.number)
+        asked = self.study.ask(self.distributions)
+        folder = self.folder / trial_name(asked.number)
         for key, value in {OUTPUT_DIR_ATTR: str(folder.resolve()), WORKER_ATTR: this_worker()}.items():
-            trial.set_user_attr(key, value)
+            asked.set_user_attr(key, value)
         folder.mkdir(parents=True, exist_ok=True)
         lock = FileLock(folder / TRIAL_LOCK)
         lock.acquire()
-        return Claim(trial.number, job_values(self.sweep.parameters, trial.params), folder, lock, resumed=False)
+        return Claim(asked.number, job_values(self.sweep.parameters, asked.params), folder, lock, resumed=False)
 
-    def mark(self, number: int, attrs: dict[str, Any]) -> None:
+    def mark(self, number: int, attrs: Mapping[str, object]) -> None:
         """Set trial ``number``'s user attributes (through the storage's public API: the trial may be
         another worker's, or finished)."""
         trial_id = self.backend.get_trial_id_from_study_id_trial_number(self.study_id, number)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 import pydantic
 
@@ -153,11 +153,11 @@ class SweepPruning(Callback):
             if self.report is not None:
                 self.report.pruned = reason
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         return {"evaluations": self.evaluations}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.evaluations = int(state.get("evaluations", 0))
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.evaluations = int(cast(int, state.get("evaluations", 0)))
 
 
 def trial_callbacks(trial: TrialContext | None) -> Mapping[str, Callback]:

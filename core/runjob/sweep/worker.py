@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from types import FrameType
+from typing import IO
 
 from runjob.errors import RunjobError
 from runjob.record.local import RunRecord, last_values
@@ -53,12 +54,12 @@ FORK_ENVIRONMENT = "RUNJOB_SWEEP_FORK"  # "0": each trial starts an interpreter 
 __all__ = ["toml_value"]  # one line of TOML for a value (runjob.train.request's), as the summary shows it
 
 
-def override(key: str, value: Any) -> str:
+def override(key: str, value: object) -> str:
     """The ``--set`` text that gives job key ``key`` the value ``value``."""
     return f"{key}={toml_value(value)}"
 
 
-def shown(values: dict[str, Any]) -> str:
+def shown(values: dict[str, object]) -> str:
     return " ".join(
         f"{key}={value:.4g}" if isinstance(value, float) else override(key, value) for key, value in values.items()
     )
@@ -111,7 +112,11 @@ class ForkedTrial:
     worker need of a ``Popen``."""
 
     def __init__(
-        self, main: Callable[[list[str]], int], arguments: list[str], env: dict[str, str], output: Any = None
+        self,
+        main: Callable[[list[str]], int],
+        arguments: list[str],
+        env: dict[str, str],
+        output: IO[bytes] | None = None,
     ) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -121,7 +126,9 @@ class ForkedTrial:
             self._child(main, arguments, env, output)
 
     @staticmethod
-    def _child(main: Callable[[list[str]], int], arguments: list[str], env: dict[str, str], output: Any) -> None:
+    def _child(
+        main: Callable[[list[str]], int], arguments: list[str], env: dict[str, str], output: IO[bytes] | None
+    ) -> None:
         code = 1
         try:
             os.setsid()
@@ -181,9 +188,9 @@ class Signals:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.children: list[Any] = []
+        self.children: list[Child] = []
 
-    def _receive(self, signum: int, frame: Any) -> None:
+    def _receive(self, signum: int, frame: FrameType | None) -> None:
         self.signum = self.signum or signum
         for child in self.children:
             if child.poll() is None:
@@ -198,7 +205,7 @@ class Signals:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def watch(self, child: Any) -> None:
+    def watch(self, child: Child) -> None:
         self.children.append(child)
         if self.signum:  # the signal came while the child was starting
             child.send_signal(self.signum)
@@ -209,7 +216,7 @@ class Outcome:
     """What came of one trial, as the worker saw it."""
 
     number: int
-    values: dict[str, Any]
+    values: dict[str, object]
     state: str  # complete, pruned, fail or interrupted
     value: float | None = None
     run_id: str | None = None
@@ -299,7 +306,7 @@ class Worker:
             with open(where, "ab") if where else contextlib.nullcontext() as output:
                 arguments = self._arguments(claim)
                 if self.forking and self.command_line is not None:
-                    child: Any = ForkedTrial(self.command_line, arguments, env, output)
+                    child: Child = ForkedTrial(self.command_line, arguments, env, output)
                 else:
                     command = [sys.executable, "-m", "runjob", *arguments]
                     child = start_child(command, env, (claim.lock.fd, writing), output)
@@ -335,7 +342,7 @@ class Worker:
 
     def _record(self, outcome: Outcome) -> None:
         study = self.study
-        attrs: dict[str, Any] = {MESSAGE_ATTR: outcome.message}
+        attrs: dict[str, object] = {MESSAGE_ATTR: outcome.message}
         if outcome.run_id:
             attrs[RUN_ID_ATTR] = outcome.run_id
         if outcome.unsynced:

@@ -15,7 +15,7 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runjob.tags import LOCAL_PLUGINS_TAG, SWEEP_TRIAL_TAG
 from runjob.train.outcome import RunOutcome
@@ -43,7 +43,7 @@ def run(
     job: ResolvedJob | None = None,
     disabled_plugins: Mapping[str, str] | None = None,
     recording: Recording | None = None,
-    plugins: Sequence[Any] = (),
+    plugins: Sequence[object] = (),
     trial: TrialContext | None = None,
     callbacks: Mapping[str, Callback] | None = None,
 ) -> RunOutcome:
@@ -198,7 +198,7 @@ def first_line(job: ResolvedJob, output_dir: Path, resume: Resume) -> str:
     return f"runjob: {job.job.name}: {job.model.name} on {job.dataset.name} ({job.task.name}), {length}; {where}"
 
 
-def parse_tags(texts: Sequence[str]) -> dict[str, Any]:
+def parse_tags(texts: Sequence[str]) -> dict[str, str]:
     """``["k=v", ...]`` from ``--tag`` into a dict; a text without ``=`` is a user's mistake."""
     from runjob.errors import RunjobError
 

@@ -13,7 +13,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 from runjob.errors import RunjobError
 from runjob.record.invocation import ENVIRONMENT as COMMAND_ENVIRONMENT
@@ -21,6 +21,12 @@ from runjob.record.invocation import command_prefix
 from runjob.record.logfile import LibraryLog
 from runjob.record.mlflow_writer import close_failed_run
 from runjob.record.store import environment
+
+if TYPE_CHECKING:
+    from runjob.job.schema import LaunchTable
+
+GoingOn: TypeAlias = "tuple[str | Path, list[str], str | None]"
+"""The job file, overrides and tracking URI of a run, for the command that goes on with it."""
 
 
 def launched_processes() -> int:
@@ -57,7 +63,7 @@ def adopt_slurm_environment() -> None:
         os.environ["LOCAL_WORLD_SIZE"] = os.environ["SLURM_NTASKS_PER_NODE"].split("(")[0]
 
 
-def check_launched_as_asked(launch: Any) -> None:
+def check_launched_as_asked(launch: LaunchTable) -> None:
     """A job that says how many processes it wants must get that many from an outside launcher."""
     started = launched_processes()
     if launch.num_processes != 1 and started != launch.num_processes:
@@ -66,7 +72,7 @@ def check_launched_as_asked(launch: Any) -> None:
         )
 
 
-def torchrun_arguments(launch: Any, run_arguments: list[str]) -> list[str]:
+def torchrun_arguments(launch: LaunchTable, run_arguments: list[str]) -> list[str]:
     """The ``torch.distributed.run`` command line that starts this machine's workers, each running
     ``python -m runjob`` with ``run_arguments`` (see :func:`runjob.train.run_command.run_arguments`)."""
     arguments = [
@@ -101,11 +107,11 @@ TORCHRUN_SIGNALS_SET = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 
 
 def launch_workers(
-    launch: Any,
+    launch: LaunchTable,
     run_arguments: list[str],
     output_dir: Path | None,
     stop_signal: str | None = None,
-    going_on: tuple[Any, ...] | None = None,
+    going_on: GoingOn | None = None,
 ) -> int:
     """Start the workers and wait; returns 0, or the exit code of the first worker that failed.
 
@@ -179,9 +185,7 @@ def _interrupt_workers() -> None:
             pass  # it has just exited
 
 
-def _say_stopped(
-    sigval: signal.Signals, at_once: bool, output_dir: Path | None, going_on: tuple[Any, ...] | None
-) -> None:
+def _say_stopped(sigval: signal.Signals, at_once: bool, output_dir: Path | None, going_on: GoingOn | None) -> None:
     from runjob.train.checkpoints import complete_checkpoints
     from runjob.train.run_command import resume_command
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from runjob.errors import Terminated, TrainingError, first_line
 from runjob.host.events import Dispatcher, Event
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
     from tqdm.auto import tqdm
 
+    from runjob.host.components import Batch, ModelOutputs
+    from runjob.host.task import Task, TaskOptions
     from runjob.job.schema import TrainTable
 
 
@@ -37,19 +39,20 @@ class Schedule:
     total_steps: int
 
 
-def plan_schedule(train: Any, batches_per_epoch: int) -> Schedule:
+def plan_schedule(train: TrainTable, batches_per_epoch: int) -> Schedule:
     """Turn ``train.epochs`` / ``train.max_steps`` into a schedule (whichever ends first)."""
     steps_per_epoch = max(1, math.ceil(batches_per_epoch / train.gradient_accumulation_steps))
     if train.epochs is None:
-        epochs = math.ceil(train.max_steps / steps_per_epoch)
-        return Schedule(epochs, steps_per_epoch, train.max_steps)
+        max_steps = cast(int, train.max_steps)  # the job's validation: epochs or max_steps
+        epochs = math.ceil(max_steps / steps_per_epoch)
+        return Schedule(epochs, steps_per_epoch, max_steps)
     total = epochs_total = train.epochs * steps_per_epoch
     if train.max_steps is not None:
         total = min(epochs_total, train.max_steps)
     return Schedule(min(train.epochs, math.ceil(total / steps_per_epoch)), steps_per_epoch, total)
 
 
-def shapes(batch: Any) -> str:
+def shapes(batch: object) -> str:
     """The shapes in a batch of nested tuples, lists and dicts, for messages: ``(32, 3, 32, 32), (32,)``."""
     if hasattr(batch, "shape"):
         return str(tuple(batch.shape))
@@ -60,18 +63,18 @@ def shapes(batch: Any) -> str:
     return type(batch).__name__
 
 
-def channels_last(batch: Any) -> Any:
+def channels_last(batch: Batch) -> Batch:
     """Every 4-D tensor of a batch (images) in channels-last memory; anything else as it is."""
     import torch
     from accelerate.utils import recursively_apply
 
-    def convert(tensor: Any) -> Any:
+    def convert(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.contiguous(memory_format=torch.channels_last) if tensor.ndim == 4 else tensor
 
     return recursively_apply(convert, batch, error_on_other_type=False)
 
 
-def first_loss(run: Run, batch: Any) -> Any:
+def first_loss(run: Run, batch: Batch) -> torch.Tensor:
     """The loss of the first training batch, its outputs checked by the task: a model that cannot
     take the data, or whose outputs do not fit the task, stops with one line naming all three."""
     job, task = run.job, run.task
@@ -102,7 +105,7 @@ def first_loss(run: Run, batch: Any) -> Any:
         ) from None
 
 
-def evaluate(run: Run, loader: Any, prefix: str = "val") -> dict[str, float]:
+def evaluate(run: Run, loader: Iterable[Batch], prefix: str = "val") -> dict[str, float]:
     """The task's metrics over a whole split (``prefix/name``): every sample counted once on all
     processes (``gather_for_metrics``), sums kept on the device, read back once."""
     import torch
@@ -111,7 +114,7 @@ def evaluate(run: Run, loader: Any, prefix: str = "val") -> dict[str, float]:
     convert = run.job.train.channels_last
     model.eval()
 
-    def evaluated() -> Any:
+    def evaluated() -> Iterator[tuple[ModelOutputs, Batch]]:
         for batch in loader:
             if convert:
                 batch = channels_last(batch)
@@ -123,13 +126,18 @@ def evaluate(run: Run, loader: Any, prefix: str = "val") -> dict[str, float]:
     return summarize(run, totals, count, prefix)
 
 
-def add_up(task: Any, task_name: str, evaluated: Any, gather: Any = None) -> tuple[dict[str, Any], int]:
+def add_up(
+    task: Task,
+    task_name: str,
+    evaluated: Iterable[tuple[ModelOutputs, Batch]],
+    gather: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] | None = None,
+) -> tuple[dict[str, torch.Tensor], int]:
     """``task.evaluate`` of each ``(outputs, batch)`` of ``evaluated``, checked, gathered across
     processes (``gather``, none on one process) and summed over the samples on the device (float64):
     the totals and the number of samples. ``runjob.testing.evaluate_task`` calls it too."""
     import torch
 
-    totals: dict[str, Any] = {}
+    totals: dict[str, torch.Tensor] = {}
     count = 0
     for outputs, batch in evaluated:
         values = task.evaluate(outputs, batch)
@@ -150,19 +158,20 @@ def add_up(task: Any, task_name: str, evaluated: Any, gather: Any = None) -> tup
     return totals, count
 
 
-def summarize(run: Run, totals: dict[str, Any], count: int, prefix: str) -> dict[str, float]:
+def summarize(run: Run, totals: dict[str, torch.Tensor], count: int, prefix: str) -> dict[str, float]:
     """The task's summary of the totals (one device-to-host copy), checked against what it declares."""
-    return summarize_totals(run.task, run.job.task.name, run.job.task.options, totals, count, prefix)
+    options = cast("TaskOptions", run.job.task.options)  # a task's options are TaskOptions
+    return summarize_totals(run.task, run.job.task.name, options, totals, count, prefix)
 
 
 def summarize_totals(
-    task: Any, task_name: str, options: Any, totals: dict[str, Any], count: int, prefix: str
+    task: Task, task_name: str, options: TaskOptions, totals: dict[str, torch.Tensor], count: int, prefix: str
 ) -> dict[str, float]:
     """``task.summarize`` of the totals (read back in one device-to-host copy), checked against what
     ``options.metrics()`` declares, as ``prefix/name``: declared metrics first."""
     import torch
 
-    read: dict[str, Any] = {}
+    read: dict[str, object] = {}  # nested lists of numbers, as tolist() gives them
     if totals:
         flat = torch.cat([total.reshape(-1) for total in totals.values()]).cpu()
         offset = 0
@@ -191,18 +200,18 @@ class NonFiniteGuard:
     the device (no sync) and stops at the next log step; "skip" looks at every step (one sync a
     step) and skips the optimizer step, counting it."""
 
-    def __init__(self, mode: str, device: Any) -> None:
+    def __init__(self, mode: str, device: torch.device) -> None:
         import torch
 
         self.mode = mode
         self.skipped = 0
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
 
-    def allows_step(self, step: int, loss: Any, norm: Any) -> bool:
+    def allows_step(self, step: int, loss: torch.Tensor, norm: torch.Tensor | None) -> bool:
         import torch
 
         if self.mode == "skip":  # the gradient norm is the same on every process: all skip together
-            if not bool(torch.isfinite(norm)):
+            if not bool(torch.isfinite(cast("torch.Tensor", norm))):  # measured whenever skipping
                 self.skipped += 1
                 return False
             return True
@@ -212,7 +221,7 @@ class NonFiniteGuard:
         self.first_bad = torch.where((self.first_bad < 0) & bad, torch.full_like(self.first_bad, step), self.first_bad)
         return True
 
-    def stop_if_seen(self, accelerator: Any, run: Any) -> None:
+    def stop_if_seen(self, accelerator: Accelerator, run: Run) -> None:
         if self.mode != "stop":
             return
         step = (
@@ -286,11 +295,11 @@ class LoopWork(Protocol):
     @property
     def batches_per_epoch(self) -> int: ...
 
-    def start_epoch(self, epoch: int, skip: int) -> Iterable[Any]:
+    def start_epoch(self, epoch: int, skip: int) -> Iterable[Batch]:
         """The epoch's batches, after ``skip`` of them; the model set to train, the loss sum to zero."""
         ...
 
-    def train_batch(self, batch: Any, step: int, first: bool) -> tuple[Any, bool]:
+    def train_batch(self, batch: Batch, step: int, first: bool) -> tuple[torch.Tensor | float, bool]:
         """Forward and backward of one micro-batch, and the optimizer step when gradients are synced
         (towards optimizer step ``step``; ``first``: the run's first batch); the detached loss and
         whether the optimizer stepped."""
@@ -349,7 +358,7 @@ class AccelerateWork:
     def batches_per_epoch(self) -> int:
         return len(self.run.train_loader)
 
-    def start_epoch(self, epoch: int, skip: int) -> Iterable[Any]:
+    def start_epoch(self, epoch: int, skip: int) -> Iterable[Batch]:
         import torch
 
         loader = self.run.train_loader
@@ -362,7 +371,7 @@ class AccelerateWork:
         self.micro_batches = 0
         return loader  # type: ignore[no-any-return]
 
-    def train_batch(self, batch: Any, step: int, first: bool) -> tuple[Any, bool]:
+    def train_batch(self, batch: Batch, step: int, first: bool) -> tuple[torch.Tensor | float, bool]:
         import torch
 
         run, train = self.run, self.train

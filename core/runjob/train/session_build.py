@@ -5,7 +5,7 @@ Accelerator, the scheduler and the schedule (:class:`Built`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runjob.host.components import Adapter, DataFacts, DatasetSplits
 from runjob.host.model_build import adapter_places, apply_adapters, build_model, make_adapters, takes_data
@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     import torch
     from accelerate import Accelerator
 
+    from runjob.host.components import Sample
+
 
 @dataclass(frozen=True)
 class Built:
@@ -28,11 +30,11 @@ class Built:
     task: Task
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: Any
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
     """The factory's scheduler (``None`` for none; typed by its plugin)."""
-    train_loader: torch.utils.data.DataLoader[Any]
-    val_loader: torch.utils.data.DataLoader[Any]
-    test_loader: torch.utils.data.DataLoader[Any] | None
+    train_loader: torch.utils.data.DataLoader[Sample]
+    val_loader: torch.utils.data.DataLoader[Sample]
+    test_loader: torch.utils.data.DataLoader[Sample] | None
     schedule: Schedule
     facts: DataFacts = field(default_factory=DataFacts)
     """What the model factory was told of the data (saved as ``data_facts.json``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError
 from runjob.host.run_folder import RunFolder
@@ -18,6 +18,7 @@ from runjob.train.request import Resume, RunRequest
 if TYPE_CHECKING:
     from accelerate import Accelerator
 
+    from runjob.host.json_types import JSONObject
     from runjob.job.validation import ResolvedJob
 
 
@@ -29,7 +30,7 @@ class Prepared:
     accelerator: Accelerator
     output_dir: Path
     checkpoint: Path | None = None
-    saved: dict[str, Any] = field(default_factory=dict)
+    saved: JSONObject = field(default_factory=dict)
     changes: list[str] = field(default_factory=list)
 
 
@@ -59,7 +60,7 @@ def prepare(request: RunRequest) -> Prepared:
     return prepared
 
 
-def _resume_point(job: ResolvedJob, output_dir: Path, resume: Resume) -> tuple[Path, dict[str, Any], list[str]]:
+def _resume_point(job: ResolvedJob, output_dir: Path, resume: Resume) -> tuple[Path, JSONObject, list[str]]:
     """The checkpoint and saved state to continue from, and what the job changed (recorded); refuses
     another job's."""
     checkpoint = find_checkpoint(output_dir, resume.checkpoint)

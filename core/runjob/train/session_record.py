@@ -11,7 +11,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import tomli_w
 
@@ -221,20 +221,20 @@ class RecordListener(MetricsDestination):
         self.recorder, self.job, self.host, self.prepared, self.built = recorder, job, host, prepared, built
         self.loop: TrainingLoop | None = None  # its stop, at TRAIN_END
 
-    def before(self, event: Event, values: tuple[Any, ...]) -> None:
+    def before(self, event: Event, values: tuple[object, ...]) -> None:
         if event is Event.RUN_START:
             self._run_start()
         else:
             super().before(event, values)
 
-    def after(self, event: Event, values: tuple[Any, ...]) -> None:
+    def after(self, event: Event, values: tuple[object, ...]) -> None:
         if event is Event.TRAIN_END:
             loop = self.loop
             if loop is not None and loop.stopped:
                 self.recorder.set_tags({STOPPED_TAG: loop.stopped, STOPPED_STEP_TAG: str(loop.step)})
             save_outputs(self.recorder, self.job, self.host, self.prepared, self.built)
         elif event is Event.RUN_END:
-            status, error = values
+            status, error = cast("tuple[str, BaseException | None]", values)
             self.recorder.end(status, error)
         else:
             super().after(event, values)
@@ -248,7 +248,7 @@ class RecordListener(MetricsDestination):
         if built.lineage:
             recorder.set_tags(built.lineage)
         if prepared.checkpoint is not None:
-            resumed = {resumed_tag(prepared.saved["step"]): "; ".join(prepared.changes) or "no changes"}
+            resumed = {resumed_tag(cast(int, prepared.saved["step"])): "; ".join(prepared.changes) or "no changes"}
             if recorder.active and NOTE_TAG in recorder.record.tags:  # a stop's "to go on" is done now
                 resumed[NOTE_TAG] = job.job.description or ""
             recorder.set_tags(resumed)
