@@ -32,6 +32,30 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 
 
+@pytest.fixture(scope="session")
+def empty_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The kit's empty MLflow store (``runjob.testing.empty_mlflow_db``), made once per MLflow and
+    SQLAlchemy version instead of once per session and xdist worker: MLflow's schema migrations take
+    seconds of CPU (twice per run with two workers), and every store a test gets is a copy of this
+    empty one anyway. Written under another name and renamed, so a worker never copies half a file."""
+    import shutil
+    from importlib.metadata import version
+
+    from runjob.testing import init_mlflow_store
+
+    cache = Path(tempfile.gettempdir()) / f"runjob-tests-mlflow-store-{os.getuid()}"
+    made = cache / f"mlflow-{version('mlflow')}-sqlalchemy-{version('sqlalchemy')}.db"
+    if not made.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        fresh = init_mlflow_store(tmp_path_factory.mktemp("mlflow-template") / "mlflow.db")
+        partial = cache / f"{made.name}.{os.getpid()}"
+        shutil.copy(fresh, partial)
+        os.replace(partial, made)
+    template = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    shutil.copy(made, template)  # the session's own copy: a test may not change the shared one
+    return template
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that start processes (marked e2e, the longest) first: the two xdist workers share
     them out, and the quick in-process tests fill in the end instead of one long test ending alone."""

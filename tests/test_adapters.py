@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from runjob.testing import read_run
+from runjob.testing import RunjobTester, read_run
 
 pytest.importorskip("peft")
 
@@ -48,15 +48,29 @@ def lora_job(base, targets='["1"]'):
     return head + LORA.format(init_from=base, targets=targets) + "    [dataset]" + rest
 
 
-def test_lora_starts_from_a_full_run_and_its_folder_alone_serves_it(runjob_tester):
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, empty_mlflow_db):
+    """The full run LoRA runs start from (its folder), trained once for the module: each test only
+    reads it, or copies it where it deletes it."""
+    tester = RunjobTester(tmp_path_factory.mktemp("adapters-base"), empty_mlflow_db)
+    tester._setup()
+    try:
+        tester.write_job("base.toml", BASE.format(name="base"))
+        base = tester.run("base.toml", output_dir="base")
+        assert base.status == "FINISHED"
+        yield base.output_dir.resolve()  # the tests run in folders of their own
+    finally:
+        tester._teardown()
+
+
+def test_lora_starts_from_a_full_run_and_its_folder_alone_serves_it(runjob_tester, base_run):
     from importlib.metadata import version
 
     from safetensors.torch import load_file
 
-    runjob_tester.write_job("base.toml", BASE.format(name="base"))
-    base = runjob_tester.run("base.toml", output_dir="base")
-    assert base.status == "FINISHED"
-    runjob_tester.write_job("lora.toml", lora_job(base.output_dir).format(name="lora"))
+    base = runjob_tester.path / "base"
+    shutil.copytree(base_run, base)  # this test deletes it below
+    runjob_tester.write_job("lora.toml", lora_job(base).format(name="lora"))
     result = runjob_tester.cli("run", "lora.toml", "--output-dir", "lora")
     assert result.returncode == 0, result.stderr
     # 192 inputs (3 x 8 x 8) -> 32 -> 10: rank 4 on the hidden layer, the output layer in full
@@ -67,7 +81,7 @@ def test_lora_starts_from_a_full_run_and_its_folder_alone_serves_it(runjob_teste
     assert line == "adapters lora: trainable 1,226 of 7,732 parameters (15.86%)"  # as the README shows it
     assert f"runjob: {line}" in result.stdout
     run = runjob_tester.path / "lora"
-    weights, started = load_file(run / "model.safetensors"), load_file(base.output_dir / "model.safetensors")
+    weights, started = load_file(run / "model.safetensors"), load_file(base / "model.safetensors")
     assert weights["1.base_layer.weight"].equal(started["1.weight"]), "the base weights are frozen"
     assert not weights["3.modules_to_save.default.weight"].equal(started["3.weight"]), "the head trained"
     own = load_file(run / "adapters" / "lora" / "adapter_model.safetensors")
@@ -77,7 +91,7 @@ def test_lora_starts_from_a_full_run_and_its_folder_alone_serves_it(runjob_teste
     assert lora.tags["runjob.library.peft"] == version("peft")
     assert "adapters/lora/adapter_model.safetensors" in lora.mlflow.artifacts("adapters/lora")
 
-    shutil.rmtree(base.output_dir)  # the run it started from is gone: the LoRA run is whole on its own
+    shutil.rmtree(base)  # the run it started from is gone: the LoRA run is whole on its own
     evaluated = runjob_tester.cli("evaluate", run)
     assert evaluated.returncode == 0, evaluated.stderr
     scans = runjob_tester.path / "scans"
@@ -90,16 +104,14 @@ def test_lora_starts_from_a_full_run_and_its_folder_alone_serves_it(runjob_teste
     assert "max abs difference" in exported.stdout
 
 
-def test_export_folds_the_adapters_into_the_plain_model(runjob_tester):
+def test_export_folds_the_adapters_into_the_plain_model(runjob_tester, base_run):
     import torch
 
     from runjob.host.model_build import merge_adapters
     from runjob.host.plugin_host import load_plugins
     from runjob.train.trained import build_trained, find_run, load_job
 
-    runjob_tester.write_job("base.toml", BASE.format(name="base"))
-    base = runjob_tester.run("base.toml", output_dir="base")
-    runjob_tester.write_job("lora.toml", lora_job(base.output_dir).format(name="lora"))
+    runjob_tester.write_job("lora.toml", lora_job(base_run).format(name="lora"))
     lora = runjob_tester.run("lora.toml", "optimizer.lr=0.1", output_dir="lora")
     found = find_run(str(lora.output_dir), None, runjob_tester.path)
     job = load_job(found, [], load_plugins())
