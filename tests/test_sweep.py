@@ -118,6 +118,27 @@ def test_grid_refuses_ranges_and_a_budget_below_its_size(tmp_path, monkeypatch, 
 
 
 @pytest.mark.timeout(30)
+def test_a_toml_date_to_sweep_is_refused_at_its_line(tmp_path, monkeypatch, capsys):
+    """A trial gets its values as JSON (its TrialContext): a TOML date would reach it as a string."""
+    code, _, err = validate(
+        tmp_path,
+        monkeypatch,
+        capsys,
+        """
+    [sweep]
+    [sweep.parameters]
+    "job.description" = ["x", { at = [1979-05-27] }]
+    """,
+    )
+    assert code == 2
+    assert err == [
+        "runjob: job.toml:14: sweep.parameters.job.description: 1979-05-27 is a TOML date or time: a trial gets "
+        "its values as JSON (strings, numbers, booleans, arrays, tables); quote it "
+        "(got ['x', {'at': [datetime.date(1979, 5, 27)]}])"
+    ]
+
+
+@pytest.mark.timeout(30)
 def test_each_value_is_checked_against_the_job_before_any_trial(tmp_path, monkeypatch, capsys):
     code, out, err = validate(
         tmp_path,

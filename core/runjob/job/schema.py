@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from runjob.host.components import Options
+from runjob.host.json_types import JSONValue
 from runjob.host.kinds import MANY_TABLES
 from runjob.host.kinds import NAMES as KIND_NAMES
 from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
@@ -327,7 +328,7 @@ class SweepTable(Options):
     direction: Literal["maximize", "minimize"] | None = None
     """By default the direction the task declares for the metric."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
-    parameters: dict[str, list[Any] | SweepRange]
+    parameters: dict[str, list[JSONValue] | SweepRange]  # a trial gets its values as JSON: no TOML dates
     storage: str | None = Field(None, min_length=1)
     """Where the Optuna study lives: a storage URL (``postgresql://...``, ``sqlite:///...``) or a
     journal file's path; by default ``study.journal`` in the sweep's folder."""

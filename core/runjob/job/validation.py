@@ -5,6 +5,7 @@ Every problem is collected (not just the first), each naming the file, line and 
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import math
 from dataclasses import dataclass, field
@@ -526,7 +527,13 @@ def _sweep_parameters(
     for key, spec in _flatten_parameters(value).items():
         dotted = f"{where}.{key}"
         origin = raw.origin(dotted)
-        if isinstance(spec, list) and spec:
+        if isinstance(spec, list) and spec and (dated := _dated(spec)) is not None:
+            message = (
+                f"{dated.isoformat()} is a TOML date or time: a trial gets its values as JSON (strings, numbers, "
+                f"booleans, arrays, tables); quote it (got {spec!r})"
+            )
+            problems.append(Problem(origin.file, dotted, message, origin.line))
+        elif isinstance(spec, list) and spec:
             parameters[key] = spec
         elif isinstance(spec, dict) and spec and method == "grid":
             message = (
@@ -548,6 +555,14 @@ def _sweep_parameters(
             )
             problems.append(Problem(origin.file, dotted, message, origin.line))
     return parameters
+
+
+def _dated(value: object) -> datetime.date | datetime.time | None:
+    """The first TOML date, date-time or time in ``value`` (a swept value, its arrays and tables)."""
+    if isinstance(value, datetime.date | datetime.time):
+        return value
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return next((found for item in items if (found := _dated(item)) is not None), None)
 
 
 def _flatten_parameters(table: Tables) -> dict[str, object]:
