@@ -36,7 +36,9 @@ if TYPE_CHECKING:  # Optuna is imported when a sweep needs it
     from optuna.samplers import BaseSampler
     from optuna.storages import BaseStorage
 
-Parameters: TypeAlias = "Mapping[str, list[object] | SweepRange]"
+    from runjob.host.json_types import JSONValue
+
+Parameters: TypeAlias = "Mapping[str, list[JSONValue] | SweepRange]"
 """``[sweep] parameters``: each swept job key's list of values or range."""
 
 # --- Optuna, its storages and pruners (Optuna imported only when a sweep needs it) -------------------
@@ -239,7 +241,9 @@ def optuna_params(parameters: Parameters, values: Mapping[str, object]) -> dict[
     params: dict[str, object] = {}
     for key, value in values.items():
         spec = parameters[key]
-        params[key] = spec.index(value) if isinstance(spec, list) and choices(spec) != spec else value
+        params[key] = (
+            spec.index(cast("JSONValue", value)) if isinstance(spec, list) and choices(spec) != spec else value
+        )
     return params
 
 
