@@ -18,14 +18,14 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def fake_run(model, distributed_type="NO"):
-    """What ema reads of a run: the prepared model and an Accelerator's few answers."""
+    """What ema reads of a run: the prepared model and an Accelerator's few answers; its line goes to print."""
     accelerator = SimpleNamespace(
         distributed_type=distributed_type,
         unwrap_model=lambda wrapped: wrapped,
         is_main_process=True,
         device=torch.device("cpu"),
     )
-    return SimpleNamespace(accelerator=accelerator, model=model, callbacks={})
+    return SimpleNamespace(accelerator=accelerator, model=model, callbacks={}, say=print)
 
 
 def set_weights(model, value):

@@ -5,7 +5,8 @@ The plugin API is importable from here: ``hookimpl``, ``Options``, ``ExistingDir
 ``ExportRequest``, ``Inputs``, ``ImageTensors``, ``StrategyPlan``, ``Task``,
 ``TaskOptions``, ``Generating``, ``Callback``, ``CallbackOptions``, ``Run`` (with its halves
 ``RunState`` and ``RunActions``; ``RunContext`` is its deprecated old name), ``Event``, ``Job``,
-``RunFolder``, ``Register``, the FLOP counting helpers (``model_flops_per_unit``, ``meta_model``,
+``RunFolder``, ``Register``, ``say`` (a line for the job, from the main process), the FLOP
+counting helpers (``model_flops_per_unit``, ``meta_model``,
 ``training_flops_per_unit``, ``peak_flops``) and the error types; ``run`` trains a job file from
 Python, as ``runjob run`` does. Nothing here imports torch, accelerate or mlflow.
 """
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from runjob.host.components import require_module as require_module
     from runjob.host.events import Event as Event
     from runjob.host.hookspecs import Register as Register
+    from runjob.host.output import say as say
     from runjob.host.plugin_host import PluginWarning as PluginWarning
     from runjob.host.run_context import Run as Run
     from runjob.host.run_context import RunActions as RunActions
@@ -85,6 +87,7 @@ _LAZY = {
     "RunFolder": "runjob.host.run_folder",
     "Job": "runjob.job.validation",
     "Register": "runjob.host.hookspecs",
+    "say": "runjob.host.output",
     "PluginWarning": "runjob.host.plugin_host",
     "meta_model": "runjob.train.flops",
     "model_flops_per_unit": "runjob.train.flops",

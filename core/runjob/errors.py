@@ -7,6 +7,7 @@ exits with its ``exit_code``; it never shows a traceback for one of these.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,8 +70,6 @@ class Terminated(BaseException):
 
     def said(self) -> list[str]:
         """The lines the command line ends with."""
-        import signal
-
         try:
             name = f" ({signal.Signals(self.signum).name})"
         except ValueError:

@@ -68,6 +68,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import urllib.request
@@ -78,7 +79,10 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar
 
 import pytest
 
+import runjob
 from runjob import hookimpl
+from runjob.commands.cli import main
+from runjob.errors import describe, first_line
 from runjob.host.events import Destination, Event, MetricsDestination
 from runjob.host.run_context import Clock, Run
 from runjob.host.run_folder import METRICS_FILE, WEIGHTS_FILE, RunFolder
@@ -191,8 +195,6 @@ def install_project(project: str | Path, target: str | Path, *, timeout: float =
     so its build backend must be installed already). It is built from a copy, so the project's
     folder gets no ``build/`` or ``*.egg-info``. Returns ``target``; put it on ``sys.path`` or
     ``PYTHONPATH``. A failed install fails the test with pip's output."""
-    import tempfile
-
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     left_out = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".*")
@@ -282,6 +284,7 @@ def _kill_group(proc: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
 def init_mlflow_store(path: str | Path) -> Path:
     """Create an initialised, empty MLflow sqlite store at ``path``. Copying it for each test saves
     the seconds MLflow's schema migrations take on a new database."""
+    # lazy: the kit is a pytest plugin, imported by every test session: mlflow only when used
     from mlflow import MlflowClient
 
     path = Path(path)
@@ -364,6 +367,7 @@ class MlflowRun:
     @classmethod
     def get(cls, tracking_uri: str | None, run_id: str) -> MlflowRun:
         """The run ``run_id`` of the store at ``tracking_uri``."""
+        # lazy: the kit is a pytest plugin, imported by every test session: mlflow only when used
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri=tracking_uri)
@@ -538,6 +542,7 @@ class _TinyCNNSettings(Protocol):
 def build_tiny_cnn(options: _TinyCNNSettings) -> torch.nn.Sequential:
     """``tiny_cnn``: a 3x3 convolution (3 -> ``channels``), ReLU, average pooling to 4x4 and a linear
     layer to ``num_classes``; any image size from 1x1 up. A few thousand parameters."""
+    # lazy: the kit is a pytest plugin, imported by every test session: torch only when used
     import torch.nn as nn
 
     return nn.Sequential(
@@ -551,9 +556,8 @@ def build_tiny_cnn(options: _TinyCNNSettings) -> torch.nn.Sequential:
 
 @functools.cache
 def _tiny_cnn_options() -> type[Options]:
+    # lazy: the kit is a pytest plugin, imported by every test session: pydantic only when used
     from pydantic import Field
-
-    import runjob
 
     class TinyCNNOptions(runjob.Options):
         """Options of ``tiny_cnn``."""
@@ -615,8 +619,9 @@ def evaluate_task(
     without options has: it declares ``loss``). ``name``: the task's name in messages (default its
     class name). A mistake the host stops a run for raises ``runjob.errors.TrainingError`` with the
     host's message. One process: nothing is gathered."""
-    import torch
+    import torch  # lazy: the kit is a pytest plugin, imported by every test session: torch only when used
 
+    # lazy: the kit is a pytest plugin, imported by every test session: pydantic, the host and the loop (+1.2 s)
     from runjob.host.task import TaskOptions
     from runjob.train.loop import add_up, summarize_totals
 
@@ -666,7 +671,7 @@ class OneProcessAccelerator:
 
     @property
     def device(self) -> torch.device:
-        import torch
+        import torch  # lazy: the kit is a pytest plugin, imported by every test session: torch only when used
 
         return torch.device("cpu")
 
@@ -682,6 +687,7 @@ class OneProcessAccelerator:
     def save_model(
         self, model: torch.nn.Module, save_directory: str | Path, safe_serialization: bool = True, **_: object
     ) -> None:
+        # lazy: the kit is a pytest plugin, imported by every test session: safetensors only when used
         from safetensors.torch import save_model
 
         if not safe_serialization:
@@ -933,6 +939,7 @@ def drive(
     :func:`evaluate_task`; needed when a callback listens to ``on_evaluation``. ``batches``: what
     ``on_batch`` gets (a list, one a step, or a function of the steps done); needed when a callback
     listens to ``on_batch``."""
+    # lazy: the kit is a pytest plugin, imported by every test session: pydantic, the host and the loop (+1.2 s)
     from runjob.host.callback import Callback
     from runjob.host.run_context import dispatcher
     from runjob.train.loop import LoopSettings, Schedule, TrainingLoop
@@ -973,7 +980,7 @@ def drive(
 
 
 def _loss_tensor(loss: float) -> torch.Tensor:
-    import torch
+    import torch  # lazy: the kit is a pytest plugin, imported by every test session: torch only when used
 
     return torch.tensor(loss)
 
@@ -987,7 +994,7 @@ def round_trip_inputs(inputs: object, folder: str | Path) -> Inputs:
     data, an ``__init__`` argument is not kept under its name, ``from_data`` refuses what
     ``to_data`` gave or rebuilds another object), so a plugin's own test shows why a run of it
     would save no predictor."""
-    from runjob.errors import describe, first_line
+    # lazy: the kit is a pytest plugin, imported by every test session: pydantic and the host (+1.2 s) only when used
     from runjob.host.components import Inputs
     from runjob.host.plain_data import round_trip
 
@@ -1108,8 +1115,6 @@ class RunjobTester:
         """Run ``runjob ARGS`` in this process (``runjob.commands.cli.main``) and return its exit
         code and what it wrote to stdout and stderr (also echoed, so pytest shows it on failure).
         An argparse error or ``--help`` gives the exit code it would give the shell."""
-        from runjob.commands.cli import main
-
         stdout, stderr = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
@@ -1133,6 +1138,7 @@ class RunjobTester:
         runjob's library entry (``runjob.train.entry.run``), and return its :class:`RecordedRun`.
         A user's mistake raises ``runjob.RunjobError`` as the library does (use ``pytest.raises``,
         or :meth:`cli` to see the message the command line prints)."""
+        # lazy: the kit is a pytest plugin, imported by every test session: the run's modules only when used
         from runjob.train.entry import run
 
         outcome = run(
@@ -1183,6 +1189,7 @@ class RunjobTester:
     @functools.cached_property
     def client(self) -> MlflowClient:
         """An ``MlflowClient`` of this test's store."""
+        # lazy: the kit is a pytest plugin, imported by every test session: mlflow only when used
         from mlflow import MlflowClient
 
         return MlflowClient(tracking_uri=self.tracking_uri)
@@ -1190,6 +1197,7 @@ class RunjobTester:
     def runs(self, experiment: str, tracking_uri: str | None = None) -> list[MlflowRun]:
         """Every run of MLflow experiment ``experiment`` (newest first), in this test's store or the
         one at ``tracking_uri``; fails the test when there is no such experiment."""
+        # lazy: the kit is a pytest plugin, imported by every test session: mlflow only when used
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri=tracking_uri) if tracking_uri else self.client

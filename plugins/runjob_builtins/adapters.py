@@ -12,6 +12,7 @@ and ``runjob export`` folds them into the base weights (``merge``).
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -54,7 +55,7 @@ class Lora(Adapter):
         self.options = options
 
     def config(self) -> LoraConfig:
-        from peft import LoraConfig
+        from peft import LoraConfig  # lazy: plugin modules are imported by `runjob validate`, which must not load peft
 
         options = self.options
         return LoraConfig(
@@ -67,8 +68,7 @@ class Lora(Adapter):
         )
 
     def apply(self, model: torch.nn.Module) -> torch.nn.Module:
-        import warnings
-
+        # lazy: plugin modules are imported by `runjob validate`, which must not load peft
         from peft import inject_adapter_in_model
 
         names = {name.rpartition(".")[2] for name, _ in model.named_modules()}
@@ -90,6 +90,7 @@ class Lora(Adapter):
     def merge(self, model: torch.nn.Module) -> torch.nn.Module:
         """Each LoRA layer folded into its base layer and replaced by it, and each of
         ``modules_to_save`` replaced by its trained copy: the plain model."""
+        # lazy: plugin modules are imported by `runjob validate`, which must not load peft
         from peft.tuners.lora import LoraLayer
         from peft.utils import ModulesToSaveWrapper
 
@@ -107,6 +108,7 @@ class Lora(Adapter):
 
     def save(self, model: torch.nn.Module, folder: Path) -> None:
         """``adapter_model.safetensors`` and ``adapter_config.json``, as PEFT names them."""
+        # lazy: plugin modules are imported by `runjob validate`, which must not load peft and safetensors
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 

@@ -127,7 +127,7 @@ class ExponentialMovingAverage(Callback):
         return [parameter for parameter in model.parameters() if parameter.is_floating_point()]
 
     def on_run_start(self, run: Run) -> None:
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         kind = str(getattr(run.accelerator.distributed_type, "value", run.accelerator.distributed_type))
         if kind in SHARDED:
@@ -153,7 +153,7 @@ class ExponentialMovingAverage(Callback):
             self.loaded = None
 
     def on_step(self, run: Run, step: int, epoch: int, loss: torch.Tensor) -> None:
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         if self.swapped:  # the host changed: a step was taken on the averaged weights
             raise RuntimeError("the averaged weights were still in the model at a training step")
@@ -166,7 +166,7 @@ class ExponentialMovingAverage(Callback):
                 torch._foreach_lerp_(self.averaged(), parameters, 1.0 - self.decay)
 
     def on_evaluation_start(self, run: Run, step: int, epoch: int) -> None:
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         if self.final or self.swapped:
             return
@@ -184,7 +184,7 @@ class ExponentialMovingAverage(Callback):
 
     def restore(self, run: Run) -> None:
         """Put the training weights back after an evaluation of the averaged ones."""
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         if not self.swapped or self.kept is None:  # kept is set whenever swapped is
             return
@@ -193,14 +193,13 @@ class ExponentialMovingAverage(Callback):
         self.swapped = False
 
     def on_train_end(self, run: Run, step: int, epoch: int) -> None:
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         self.restore(run)
         with torch.no_grad():
             torch._foreach_copy_(self.parameters(run), self.averaged())
         self.final, self.kept = True, None
-        if run.accelerator.is_main_process:
-            print(f"runjob: ema: the model now holds the average of {self.steps} step(s) (decay {self.decay:g})")
+        run.say(f"runjob: ema: the model now holds the average of {self.steps} step(s) (decay {self.decay:g})")
 
     def averaged(self) -> list[torch.Tensor]:
         """The average, which ``on_run_start`` made."""
@@ -268,6 +267,7 @@ class Profile(Callback):
     def _start_if_next(self, run: Run, done: int) -> None:
         if done + 1 != self.start_step or not run.accelerator.is_main_process:
             return
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         from torch.profiler import ProfilerActivity, profile
 
         activities = [ProfilerActivity.CPU]
@@ -297,7 +297,7 @@ class Profile(Callback):
         )
         clock = "self_device_time_total" if on_device else "self_cpu_time_total"
         top = top_operators(averages, clock)
-        print(
+        run.say(
             f"runjob: profile of steps {steps}: top operators by self {'CUDA' if on_device else 'CPU'} time: "
             f"{top} (trace in {folder})"
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,8 +42,6 @@ class DigitsOptions(Options):
 def digits_file() -> Path:
     """scikit-learn's bundled ``digits.csv.gz`` (64 pixel columns, then the label), found without
     importing scikit-learn: ``sklearn.datasets`` costs seconds of imports, the file milliseconds."""
-    import importlib.util
-
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:  # DigitsOptions checked it is installed
         raise ModuleNotFoundError("digits needs scikit-learn: pip install 'runjob-train[digits]'")
@@ -52,6 +51,7 @@ def digits_file() -> Path:
 def digits_tensors(image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """All scans as a float tensor (N, 3, size, size) in [0, 1] and their labels (N,); the same
     data as ``sklearn.datasets.load_digits()``."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load numpy and torch
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -65,7 +65,7 @@ def digits_tensors(image_size: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def split_indices(count: int, val_fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed random split of ``range(count)`` into (train, val) index tensors."""
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
     val_count = max(1, round(count * val_fraction))
@@ -92,6 +92,7 @@ def build_digits(options: DigitsOptions) -> DatasetSplits:
 
 def export_image_folder(target: Path, image_size: int = 32, val_fraction: float = 0.2, seed: int = 0) -> int:
     """Write the scans as PNG files in target/train/<digit>/ and target/val/<digit>/; return the count."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load torch and PIL
     import torch
     from PIL import Image
 

@@ -51,6 +51,7 @@ class GPTOptions(Options):
 
 def build_gpt(options: GPTOptions, data: DataFacts | None = None) -> GPT:
     """A randomly initialised GPT (GPT-2's initialisation), sized for the data unless the job says."""
+    # lazy: gpt_layers imports torch; plugin modules are imported by `runjob validate`, which must not load torch
     from runjob_builtins.gpt_layers import GPT  # imports torch: only when a model is built
 
     data = data or DataFacts()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import pickle
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,9 +35,7 @@ def write_cifar10_files(root: Path, per_batch: int, test_count: int | None = Non
     ``per_batch`` images, a test batch of ``test_count``, the meta file) with random pixels and
     labels: data to test and benchmark the ``cifar10`` dataset offline. Their md5 sums are not
     CIFAR's, so a job reads them with ``verify = false``. Returns ``root``."""
-    import pickle
-
-    import numpy as np
+    import numpy as np  # lazy: plugin modules are imported by `runjob validate`, which must not load numpy
 
     rng = np.random.default_rng(seed)
     folder = root / CIFAR_FOLDER
@@ -128,6 +127,7 @@ class ImageFolderOptions(Options):
 
 def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
     """torchvision's CIFAR10, with the standard augmentation for training."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load torchvision
     from torchvision import datasets, transforms
 
     normalize = transforms.Normalize(CIFAR_MEAN, CIFAR_STD)
@@ -191,7 +191,7 @@ def build_cifar10(options: CIFAR10Options) -> DatasetSplits:
 
 def _cifar_tensors(split: CIFAR10, augment: bool) -> ImageTensors:
     """torchvision's decoded CIFAR arrays (N, 32, 32, 3 uint8) as ImageTensors with the same augmentation."""
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     images = torch.from_numpy(split.data).permute(0, 3, 1, 2).contiguous()
     labels = torch.tensor(split.targets, dtype=torch.long)
@@ -214,7 +214,7 @@ def _listing_digest(root: Path) -> str:
 
 
 def _read_image(path: str) -> Image:
-    from PIL import Image
+    from PIL import Image  # lazy: plugin modules are imported by `runjob validate`, which must not load PIL
 
     try:
         with open(path, "rb") as file:
@@ -252,7 +252,7 @@ class ImageFileInputs(Inputs):
         ]
 
     def encode(self, record: dict[str, Path | bytes]) -> torch.Tensor:
-        from PIL import Image
+        from PIL import Image  # lazy: plugin modules are imported by `runjob validate`, which must not load PIL
 
         if "image" not in record:
             raise ValueError("no 'image' column (an image file's bytes)")
@@ -270,6 +270,7 @@ class ImageFileInputs(Inputs):
     @property
     def transform(self) -> Callable[[Image], torch.Tensor]:
         if self._transform is None:
+            # lazy: plugin modules are imported by `runjob validate`, which must not load torchvision
             from torchvision import transforms
 
             steps = [transforms.Grayscale(1)] if self.gray else []
@@ -287,6 +288,7 @@ def _three_channels(image: torch.Tensor) -> torch.Tensor:
 
 def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
     """torchvision's ImageFolder over root/train and root/val."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load torchvision
     from torchvision import datasets, transforms
 
     resize = [transforms.Resize((options.image_size, options.image_size))] if options.image_size else []
@@ -317,6 +319,7 @@ def build_imagefolder(options: ImageFolderOptions) -> DatasetSplits:
 
 def _decoded(folder: ImageFolder, options: ImageFolderOptions, flip: bool) -> ImageTensors:
     """Every image of an ImageFolder decoded once (resized when image_size is set) into one uint8 tensor."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load torch and torchvision
     import torch
     from torchvision import transforms
 
@@ -355,6 +358,7 @@ class SyntheticOptions(Options):
 
 def build_synthetic(options: SyntheticOptions) -> DatasetSplits:
     """Random uint8 images and labels of CIFAR's shape by default: for throughput checks, not learning."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load torch
     import torch
     from torch.utils.data import TensorDataset
 

@@ -12,6 +12,7 @@ Job files use it as::
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
@@ -46,9 +47,7 @@ class MLPOptions(Options):
 
 
 def build_mlp(options: MLPOptions, data: DataFacts) -> torch.nn.Sequential:
-    import math
-
-    import torch.nn as nn
+    import torch.nn as nn  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     if options.in_features is None and data.input_shape is None:
         raise ValueError("in_features is not given, and the dataset's samples do not say it: set model.in_features")

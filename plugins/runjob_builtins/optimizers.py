@@ -67,7 +67,7 @@ class AdamWOptions(AdamOptions):
 
 
 def build_sgd(params: ParamGroups, options: SGDOptions) -> torch.optim.SGD:
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     return torch.optim.SGD(
         params,
@@ -81,7 +81,7 @@ def build_sgd(params: ParamGroups, options: SGDOptions) -> torch.optim.SGD:
 
 
 def build_adam(params: ParamGroups, options: AdamOptions) -> torch.optim.Adam:
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     return torch.optim.Adam(
         params,
@@ -95,7 +95,7 @@ def build_adam(params: ParamGroups, options: AdamOptions) -> torch.optim.Adam:
 
 
 def build_adamw(params: ParamGroups, options: AdamWOptions) -> torch.optim.AdamW:
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     return torch.optim.AdamW(
         params,

@@ -8,6 +8,7 @@ callback would be, and registered ``on_by_default``: a job switches one off with
 from __future__ import annotations
 
 import json
+import resource
 import time
 from typing import TYPE_CHECKING, Literal
 
@@ -161,12 +162,10 @@ class PeakMemory(Callback):
     def on_log(self, run: Run, step: int, epoch: int, metrics: dict[str, float]) -> None:
         device = run.accelerator.device
         if device.type == "cuda":
-            import torch
+            import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
             run.log({"train/peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30})
         else:
-            import resource
-
             run.log({"train/peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20})  # KiB
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
@@ -52,9 +53,7 @@ def cosine_factor(step: int, total_steps: int, warmup_steps: int, min_lr_ratio: 
 
 
 def build_cosine(optimizer: torch.optim.Optimizer, options: CosineOptions, total_steps: int) -> LambdaLR:
-    from functools import partial
-
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     factor = partial(
         cosine_factor, total_steps=total_steps, warmup_steps=options.warmup_steps, min_lr_ratio=options.min_lr_ratio
@@ -63,7 +62,7 @@ def build_cosine(optimizer: torch.optim.Optimizer, options: CosineOptions, total
 
 
 def build_onecycle(optimizer: torch.optim.Optimizer, options: OneCycleOptions, total_steps: int) -> OneCycleLR:
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     max_lr = options.max_lr or [group["lr"] for group in optimizer.param_groups]
     return torch.optim.lr_scheduler.OneCycleLR(
@@ -79,7 +78,7 @@ def build_onecycle(optimizer: torch.optim.Optimizer, options: OneCycleOptions, t
 
 
 def build_step(optimizer: torch.optim.Optimizer, options: StepOptions, total_steps: int) -> StepLR:
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=options.step_size, gamma=options.gamma)
 

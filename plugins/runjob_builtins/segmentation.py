@@ -59,6 +59,7 @@ class Segmentation(Task):
         return cast("torch.Tensor", super().targets(batch)).long()  # no copy when the masks are int64 already
 
     def loss(self, outputs: torch.Tensor, batch: object) -> torch.Tensor:
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         import torch.nn.functional as F
 
         return F.cross_entropy(
@@ -118,6 +119,7 @@ class Segmentation(Task):
             )
 
     def evaluate(self, outputs: torch.Tensor, batch: object) -> dict[str, torch.Tensor]:
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         import torch
         import torch.nn.functional as F
 
@@ -160,7 +162,7 @@ class Segmentation(Task):
 def per_class(classes: torch.Tensor, counted: torch.Tensor, num_classes: int) -> torch.Tensor:
     """``(N, num_classes)`` int64: for each sample, how many of its pixels where ``counted`` is true
     have each class in ``classes`` (``(N, H, W)`` indices, each in range)."""
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     counts = torch.zeros(classes.shape[0], num_classes, dtype=torch.long, device=classes.device)
     return counts.scatter_add_(1, classes.flatten(1), counted.flatten(1).long())

@@ -9,6 +9,7 @@ DeepSpeed without a GPU).
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
@@ -115,6 +116,7 @@ class DeepSpeedOptions(Options):
 
 
 def build_ddp(options: DDPOptions) -> StrategyPlan:
+    # lazy: plugin modules are imported by `runjob validate`, which must not load accelerate
     from accelerate import DistributedDataParallelKwargs
 
     handler = DistributedDataParallelKwargs(**options.model_dump())
@@ -136,6 +138,7 @@ def _default(value: bool | None, default: bool) -> bool:
 
 
 def build_fsdp(options: FSDPOptions) -> StrategyPlan:
+    # lazy: plugin modules are imported by `runjob validate`, which must not load accelerate
     from accelerate import FullyShardedDataParallelPlugin
 
     if options.fsdp_version == 2:
@@ -175,13 +178,12 @@ def build_fsdp(options: FSDPOptions) -> StrategyPlan:
 
 
 def build_deepspeed(options: DeepSpeedOptions) -> StrategyPlan:
-    import importlib.util
-
     missing = [m for m in ("deepspeed", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
         raise RunjobError(
             f"strategy.name = 'deepspeed' needs {' and '.join(missing)}: pip install 'runjob-train[deepspeed]'"
         )
+    # lazy: plugin modules are imported by `runjob validate`, which must not load accelerate
     from accelerate import DeepSpeedPlugin
 
     if options.config_file is not None:

@@ -320,7 +320,7 @@ def split_rows(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A fixed random split of ``range(count)`` into (train, val, test) index tensors, each in
     file order; a DataError when a split would be empty."""
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     val_count = max(1, round(count * val_fraction))
     test_count = max(1, round(count * test_fraction)) if test_fraction > 0 else 0
@@ -389,7 +389,7 @@ class CSVInputs(Inputs):
 
     def encode(self, record: dict[str, float]) -> torch.Tensor:
         """The features in training order as float32, scaled in float64 as the training rows were."""
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         absent = [name for name in self.features if name not in record]
         if absent:
@@ -421,7 +421,7 @@ def _baselines(
 ) -> dict[str, float]:
     """What a model that ignores the features scores on the validation rows: the training mean
     (values) or the most frequent training class."""
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     val = targets[val_idx]
     if target_type == "class":
@@ -436,6 +436,7 @@ def _baselines(
 
 def build_csv(options: CSVOptions) -> DatasetSplits:
     """The file's rows as ``(features, target)`` TensorDatasets, split and standardized."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load torch
     import torch
     from torch.utils.data import TensorDataset
 

@@ -50,6 +50,7 @@ class Classification(Task):
         self.num_classes = num_classes
 
     def loss(self, outputs: object, batch: object) -> torch.Tensor:
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         import torch.nn.functional as F
 
         return F.cross_entropy(self.logits_of(outputs), self.targets(batch), label_smoothing=self.label_smoothing)
@@ -73,6 +74,7 @@ class Classification(Task):
             raise ValueError(f"task.top_k = {self.top_k}, but there are only {outputs.shape[1]} classes")
 
     def evaluate(self, outputs: object, batch: object) -> dict[str, torch.Tensor]:
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         import torch.nn.functional as F
 
         outputs, targets = self.logits_of(outputs), cast("torch.Tensor", self.targets(batch))
@@ -130,6 +132,7 @@ class Regression(Task):
         return wide_outputs.float(), wide_targets.to(wide_outputs.device, dtype=wide_outputs.dtype).float()
 
     def _per_value(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         import torch.nn.functional as F
 
         if self.kind == "mse":
@@ -276,6 +279,7 @@ class LanguageModeling(Task, Generating):
             )
 
     def loss(self, outputs: object, batch: object) -> torch.Tensor:
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         import torch.nn.functional as F
 
         logits: torch.Tensor = self.logits_of(outputs)
@@ -303,6 +307,7 @@ class LanguageModeling(Task, Generating):
         return int(self.targets(batch).numel())
 
     def evaluate(self, outputs: object, batch: object) -> dict[str, torch.Tensor]:
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         import torch.nn.functional as F
 
         outputs, targets = self.logits_of(outputs), self.targets(batch)
@@ -330,7 +335,7 @@ class LanguageModeling(Task, Generating):
     ) -> torch.Tensor:
         """Token by token: the model reads the last ``context`` tokens and the next one is its most
         likely (``temperature`` 0) or drawn from the softmax of its logits divided by ``temperature``."""
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         new = []
         with torch.no_grad():

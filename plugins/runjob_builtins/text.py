@@ -108,7 +108,7 @@ class TokenWindows:
     byte after the first is a target exactly once."""
 
     def __init__(self, data: bytes, context: int) -> None:
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         self.tokens = (
             torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
@@ -126,7 +126,7 @@ class TokenWindows:
 
     def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
         # one gather and one conversion for the whole batch; the collate function stacks the rows
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         starts = torch.tensor(indices, dtype=torch.long) * self.context
         return list(self.tokens[starts[:, None] + torch.arange(self.context + 1)].long())
@@ -187,7 +187,7 @@ def split_files(files: list[tuple[str, bytes]], options: TextFilesOptions) -> di
 def unigram_perplexity(train: bytes, targets: torch.Tensor) -> float:
     """exp of the cross-entropy of ``targets`` (uint8 tensor) under the byte frequencies of ``train``,
     add-one smoothed: the perplexity of a model that ignores the context."""
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     counts = torch.bincount(torch.frombuffer(bytearray(train), dtype=torch.uint8).long(), minlength=256).double()
     log_probs = torch.log((counts + 1) / (counts.sum() + 256))
@@ -221,7 +221,7 @@ class TextPrompts(Inputs):
         return prompts
 
     def encode(self, record: dict[str, str | bytes]) -> torch.Tensor:
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         prompt = record.get("prompt")
         if isinstance(prompt, str):

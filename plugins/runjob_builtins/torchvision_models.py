@@ -9,6 +9,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import re
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, cast
@@ -16,7 +17,8 @@ from urllib.parse import urlparse
 
 from pydantic import Field, field_validator
 
-from runjob import DataFacts, Options, RunjobError, hookimpl
+from runjob import DataFacts, Options, RunjobError, hookimpl, say
+from runjob.errors import describe
 
 if TYPE_CHECKING:  # annotations only: loading plugins never imports torch or torchvision
     import torch
@@ -181,7 +183,7 @@ def known_weights(model: str) -> tuple[str, ...] | None:
 
 def _weights_entry(name: str, value: str) -> WeightsEnum:
     """torchvision's weights enum member for ``model.weights = value``."""
-    import torchvision.models
+    import torchvision.models  # lazy: plugin modules are imported by `runjob validate`, which must not load torchvision
 
     enum = torchvision.models.get_model_weights(name)
     known = list(enum.__members__)
@@ -204,9 +206,7 @@ def weights_file(entry: WeightsEnum, value: str) -> Path:
     """The local file of torchvision weights ``entry``, in torch hub's checkpoint folder
     (``$TORCH_HOME/hub/checkpoints``): downloaded there (hash-checked) when missing; a file already
     there is checked against the sha256 prefix its name carries, as a download would be."""
-    import torch.hub
-
-    from runjob.errors import describe
+    import torch.hub  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     filename: str = os.path.basename(urlparse(entry.url).path)
     folder = Path(torch.hub.get_dir()) / "checkpoints"
@@ -246,9 +246,7 @@ def load_pretrained(model: torch.nn.Module, name: str, entry: WeightsEnum, value
     """Load torchvision weights ``entry`` into ``model`` (built with the job's options) by name;
     tensors of another shape (a head for another ``num_classes``) keep their fresh init. Returns
     the line to show."""
-    import re
-
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     path = weights_file(entry, value)
     state = torch.load(path, map_location="cpu", weights_only=True)
@@ -277,6 +275,7 @@ def load_pretrained(model: torch.nn.Module, name: str, entry: WeightsEnum, value
 def build(name: str, options: ClassifierOptions, data: DataFacts | None = None) -> torch.nn.Module:
     """Build torchvision model ``name`` with the job's options (and its pretrained weights); its
     head has the dataset's classes unless ``num_classes`` says otherwise."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load torch and torchvision
     import torch.nn as nn
     import torchvision.models
 
@@ -294,8 +293,7 @@ def build(name: str, options: ClassifierOptions, data: DataFacts | None = None) 
         model.maxpool = nn.Identity()
     if entry is not None and weights:  # an entry only for weights
         line = load_pretrained(model, name, entry, weights)
-        if os.environ.get("RANK", "0") == "0":  # one line for the job, not one per process
-            print(f"runjob: {line}", flush=True)
+        say(f"runjob: {line}")  # one line for the job, not one per process
     return cast("torch.nn.Module", model)
 
 

@@ -10,11 +10,13 @@ import importlib
 import os
 import shlex
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from runjob import __version__
 from runjob.commands.arguments import (
     add_disable_plugin,
     add_job_arguments,
@@ -24,7 +26,11 @@ from runjob.commands.arguments import (
     add_tracking_uri,
     add_trust_pickle,
 )
+from runjob.commands.evaluate import add_run_reference
 from runjob.commands.plugins import add_plugins_arguments
+from runjob.errors import Interrupted, RunjobError, Terminated, user_message
+from runjob.host.output import screen
+from runjob.record.terminal import guarded
 from runjob.tags import RERUN_OF_TAG
 
 COMMANDS: tuple[str, ...] = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
@@ -61,7 +67,7 @@ Train from a declarative TOML job file.
 
 def _usage_error(message: str) -> NoReturn:
     """A mistake on the command line: one line ``runjob: ...`` and exit 2, as every runjob error."""
-    print(f"runjob: {message}", file=sys.stderr)
+    screen.each(f"runjob: {message}", err=True)
     raise SystemExit(2)
 
 
@@ -97,8 +103,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from runjob import __version__
-
     parser = _Parser(prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"runjob {__version__}")
     # its own dest: a subcommand's defaults would overwrite what was given before the command
@@ -273,8 +277,6 @@ def positive_int(text: str) -> int:
 
 def add_trained_model_commands(commands: argparse._SubParsersAction[_Parser], uri_default: str) -> None:
     """``evaluate``, ``predict`` and ``export``: using a finished run's model."""
-    from runjob.commands.evaluate import add_run_reference
-
     evaluate = commands.add_parser(
         "evaluate",
         help="evaluate a finished run's model on its validation or test split; record it as a new MLflow run",
@@ -352,7 +354,7 @@ def add_trained_model_commands(commands: argparse._SubParsersAction[_Parser], ur
 
 def _print_problems(message: str) -> None:
     for line in message.splitlines():
-        print(f"runjob: {line}", file=sys.stderr)
+        screen.each(f"runjob: {line}", err=True)
 
 
 # the module that carries out each command, imported only when that command runs
@@ -411,6 +413,7 @@ def _plugin_settings(args: argparse.Namespace) -> Iterator[None]:
     if args.command not in LOADING_PLUGINS:
         yield
         return
+    # lazy: `runjob --help` imports this module and stays quick: plugin_host pulls pydantic (+1.5 s)
     from runjob.host.plugin_host import DISABLE_ENVIRONMENT, PLUGINS_ENVIRONMENT, PluginWarning, disabled_plugins
 
     names = (DISABLE_ENVIRONMENT, PLUGINS_ENVIRONMENT, WARNED_ENVIRONMENT)
@@ -431,12 +434,13 @@ def _plugin_settings(args: argparse.Namespace) -> Iterator[None]:
             print_warning(message, category, filename, lineno, file, line)
         elif not quiet and str(message) not in shown:
             shown.add(str(message))
-            print(f"runjob: warning: {message}", file=sys.stderr)
+            screen.each(f"runjob: warning: {message}", err=True)
 
     try:
         if args.disable_plugins:  # an unknown name is refused here, before anything runs
             os.environ[DISABLE_ENVIRONMENT] = ",".join(disabled_plugins(args.disable_plugins))
         if args.plugins or os.environ.get(PLUGINS_ENVIRONMENT):
+            # lazy: `runjob --help` imports this module and stays quick: plugin_host pulls pydantic (+1.5 s)
             from runjob.host.plugin_host import local_plugins
 
             local = local_plugins(args.plugins)
@@ -463,6 +467,7 @@ def _started_as(command: str) -> Iterator[None]:
     """While a command that starts processes runs: how the user started runjob, in
     ``$RUNJOB_COMMAND`` for those processes, so the commands they print (a trial's resume, `runjob
     sync`) start as the user's did (``uv run runjob``), not as runjob started them."""
+    # lazy: `runjob --help` imports this module and stays quick: +11 ms
     from runjob.record.invocation import ENVIRONMENT, command_prefix
 
     if command not in STARTING_PROCESSES or os.environ.get(ENVIRONMENT):
@@ -479,8 +484,6 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``runjob`` command; returns the exit code. Its output may meet a reader
     that has gone (``| tee`` ended by the same Ctrl-C, a closed SSH session): that never changes
     how the command ends (:mod:`runjob.record.terminal`)."""
-    from runjob.record.terminal import guarded
-
     with guarded():
         return _main(argv)
 
@@ -492,8 +495,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    from runjob.errors import Interrupted, RunjobError, Terminated, user_message
-    from runjob.record.logfile import LibraryLog
+    from runjob.record.logfile import LibraryLog  # lazy: `runjob --help` imports this module and stays quick: +40 ms
 
     try:
         # the libraries' INFO chatter (MLflow creating a new store's tables) is not the user's: a run
@@ -510,11 +512,9 @@ def _main(argv: list[str] | None) -> int:
         _print_problems("\n".join(stopped.said()))
         return 128 + stopped.signum
     except Exception:  # not a user's mistake: show where it happened
-        import traceback
-
         traceback.print_exc()
-        print(
+        screen.each(
             "runjob: failed with an unexpected error (a bug in runjob or in a plugin; the traceback above shows where)",
-            file=sys.stderr,
+            err=True,
         )
         return 1

@@ -9,6 +9,7 @@ mlflow are imported inside the checks, never at module import.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -20,8 +21,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from runjob import __version__
 from runjob.errors import describe
+from runjob.host.plugin_host import load_plugins
 from runjob.job.plan import fp16_problem
+from runjob.job.validation import load_resolved
 from runjob.record.uri import probe_health, sqlite_path, tracking_uri_and_source
 
 if TYPE_CHECKING:
@@ -54,8 +58,6 @@ def _gib(size: int) -> str:
 
 def check_python() -> list[Check]:
     """The Python interpreter and runjob versions."""
-    from runjob import __version__
-
     return [
         Check("python", "ok", f"{platform.python_version()} ({platform.python_implementation()}, {sys.executable})"),
         Check("runjob", "ok", __version__),
@@ -64,7 +66,7 @@ def check_python() -> list[Check]:
 
 def check_torch(job: ResolvedJob | None = None) -> list[Check]:
     """torch's version, CUDA and the GPUs; then whether the job's mixed precision can run here."""
-    import torch
+    import torch  # lazy: the doctor reports a missing or broken torch as a failed check (tests/test_doctor.py)
 
     if not torch.cuda.is_available():
         built = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "CPU-only build"
@@ -84,8 +86,6 @@ def check_torch(job: ResolvedJob | None = None) -> list[Check]:
 
 def _compile_toolchain(job: ResolvedJob, torch: ModuleType) -> Check:
     """train.compile: inductor writes C++ kernels on a CPU (a C++ compiler) and Triton kernels on CUDA."""
-    import importlib.util
-
     if torch.cuda.is_available() and not job.train.cpu:
         if importlib.util.find_spec("triton") is None:
             return Check(
@@ -121,6 +121,7 @@ def _mixed_precision(job: ResolvedJob, torch: ModuleType) -> Check:
 
 def check_distributed() -> list[Check]:
     """The collective backend multi-process runs would use: NCCL with GPUs, gloo without."""
+    # lazy: the doctor reports a missing or broken torch as a failed check (tests/test_doctor.py)
     import torch
     import torch.distributed as dist
 
@@ -150,6 +151,7 @@ def check_distributed() -> list[Check]:
 
 def check_accelerate() -> list[Check]:
     """Hugging Face Accelerate imports; its version."""
+    # lazy: the doctor reports a missing or broken accelerate as a failed check (tests/test_doctor.py)
     import accelerate
 
     return [Check("accelerate", "ok", accelerate.__version__)]
@@ -157,7 +159,7 @@ def check_accelerate() -> list[Check]:
 
 def check_mlflow() -> list[Check]:
     """MLflow imports; its version."""
-    import mlflow
+    import mlflow  # lazy: the doctor reports a missing or broken mlflow as a failed check (tests/test_doctor.py)
 
     return [Check("mlflow", "ok", mlflow.__version__)]
 
@@ -222,8 +224,6 @@ def check_plugins(host: PluginHost | None = None) -> list[Check]:
     """A failure per plugin that did not load and per bare name several third-party plugins register;
     a warning per name a plugin registers that a built-in has; a line per disabled plugin."""
     if host is None:
-        from runjob.host.plugin_host import load_plugins
-
         host = load_plugins()
     checks = [
         Check(f"plugin {f.name}", "fail", f"{f.name} ({f.distribution} {f.version}) failed to load: {f.error}")
@@ -283,9 +283,6 @@ def report_json(checks: list[Check]) -> str:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.validation import load_resolved
-
     host = load_plugins()
     job = load_resolved(args.job, args.overrides, host) if args.job else None
     checks = collect_checks(job, host)

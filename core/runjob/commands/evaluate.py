@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runjob import __version__
 from runjob.commands.table import render
 from runjob.errors import TrackingError
+from runjob.host.output import screen
 from runjob.tags import (
     EVALUATED_FROM_OUTPUT_DIR_TAG,
     EVALUATED_FROM_TAG,
@@ -34,6 +35,7 @@ def add_run_reference(parser: argparse.ArgumentParser) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Evaluate run RUN's final weights on its validation (or test) split with the job's task, print
     the metrics and record them as a new MLflow run."""
+    # lazy: `runjob --help` imports this module and stays quick: the command's modules load when it runs
     from runjob.commands.run_plugins import require_run_plugins
     from runjob.host.plugin_host import load_plugins
     from runjob.train.trained import evaluate_split, find_run, load_job
@@ -47,7 +49,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print("\n".join(render(["metric", "value"], [[name, f"{value:.6g}"] for name, value in metrics.items()])))
     if not args.no_record:
         run_id, uri = record_evaluation(run, job, args, metrics)
-        print(f"runjob: recorded as MLflow run {run_id} at {uri}", file=sys.stderr)
+        screen.each(f"runjob: recorded as MLflow run {run_id} at {uri}", err=True)
     return 0
 
 
@@ -60,7 +62,7 @@ def record_evaluation(
     time>/``, or ``--output-dir``), then in MLflow, so ``runjob sync FOLDER`` uploads an evaluation
     MLflow could not take. Returns the MLflow run id and the tracking URI; a TrackingError, naming
     the folder, when MLflow did not take it all."""
-    from runjob import __version__
+    # lazy: `runjob --help` imports this module and stays quick: the command's modules load when it runs
     from runjob.host.task import declared_metrics
     from runjob.job.redaction import redact_override
     from runjob.record.command_run import CommandRun

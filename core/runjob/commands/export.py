@@ -14,18 +14,26 @@ import contextlib
 import importlib.util
 import io
 import os
-import sys
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runjob.errors import RunjobError, first_line
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree  # torch's walk over nested inputs, as torch.export takes them
+
+from runjob.commands.run_plugins import require_run_plugins
+from runjob.errors import ComponentError, RunjobError, describe, first_line
+from runjob.host.components import ExportRequest
+from runjob.host.model_build import merge_adapters
+from runjob.host.output import screen
+from runjob.host.plugin_host import load_plugins
 from runjob.host.run_folder import RunFolder, exported_model_name
+from runjob.train.trained import build_trained, find_run, load_data, load_job, sample_batch, saved
 
 if TYPE_CHECKING:
-    import torch
-
     from runjob.host.components import Component
     from runjob.host.plugin_host import PluginHost
     from runjob.host.task import Task
@@ -49,14 +57,6 @@ def _output_path(args: argparse.Namespace, run: TrainedRun) -> Path:
 def cmd_export(args: argparse.Namespace) -> int:
     """Export run RUN's model with its final weights, check the exported file on validation
     samples, print the largest difference and write it (whole, or nothing)."""
-    import torch
-    from torch.utils import _pytree as pytree  # torch's walk over nested inputs, as torch.export takes them
-
-    from runjob.commands.run_plugins import require_run_plugins
-    from runjob.host.model_build import merge_adapters
-    from runjob.host.plugin_host import load_plugins
-    from runjob.train.trained import build_trained, find_run, load_data, load_job, sample_batch
-
     host = load_plugins()
     exporters = host.components["exporter"]
     if args.format not in (*BUILT_IN, *exporters):
@@ -116,7 +116,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         partial.unlink(missing_ok=True)
     checker = "onnxruntime" if args.format == "onnx" else "torch.export.load"
     print(f"max abs difference {difference:.3g} ({checker} against the model, {samples} validation samples)")
-    print(f"runjob: exported model {job.model.name!r} of run {run.label} to {output}", file=sys.stderr)
+    screen.each(f"runjob: exported model {job.model.name!r} of run {run.label} to {output}", err=True)
     return 0
 
 
@@ -127,13 +127,6 @@ def _plugin_export(
     adapters merged, and what the run kept of its data (its predictor's inputs, its ``data/``
     files) go to the plugin's export function, which writes ``--output`` (by default
     ``OUTPUT_DIR/model.NAME``); it is written whole or not at all."""
-    import shutil
-
-    from runjob.errors import ComponentError, describe
-    from runjob.host.components import ExportRequest
-    from runjob.host.model_build import merge_adapters
-    from runjob.train.trained import build_trained, saved
-
     predictor = saved(run, host, args.trust_pickle)[1]
     trained, adapters = build_trained(job, run.model_file, run.folder)
     data = RunFolder(run.folder).data_dir
@@ -170,14 +163,13 @@ def _plugin_export(
             partial.unlink(missing_ok=True)
     if said:
         print(said)
-    print(f"runjob: exported model {job.model.name!r} of run {run.label} to {output}", file=sys.stderr)
+    screen.each(f"runjob: exported model {job.model.name!r} of run {run.label} to {output}", err=True)
     return 0
 
 
 def task_module(model: torch.nn.Module, task: Task) -> torch.nn.Module:
     """``model`` as ``task`` calls it, as a module of its own taking the task's inputs as one argument
     (``forward(inputs) = task.call_model(model, inputs)``): what export traces."""
-    import torch
 
     class TaskModel(torch.nn.Module):
         def __init__(self) -> None:
@@ -193,17 +185,11 @@ def task_module(model: torch.nn.Module, task: Task) -> torch.nn.Module:
 
 def _tensors(tree: object) -> list[torch.Tensor]:
     """The tensors in nested dicts, tuples and lists (a model's outputs), in pytree order."""
-    import torch
-    from torch.utils import _pytree as pytree
-
     return [leaf for leaf in pytree.tree_leaves(tree) if isinstance(leaf, torch.Tensor)]
 
 
 def _largest_difference(got: object, expected: object) -> float:
     """The largest absolute difference between the exporter's outputs and the model's."""
-    import numpy as np
-    from torch.utils import _pytree as pytree
-
     pairs = zip(pytree.tree_leaves(got), _tensors(expected), strict=True)
     return max(float(np.abs(np.asarray(a) - b.detach().cpu().numpy()).max()) for a, b in pairs)
 
@@ -211,8 +197,6 @@ def _largest_difference(got: object, expected: object) -> float:
 def _names(tree: object, root: str) -> list[str]:
     """A name per tensor of ``tree``, for ONNX: ``root`` for a lone tensor, a dict's keys (``x``,
     ``x_0`` deeper), ``root_0``, ``root_1`` for a tuple's items."""
-    from torch.utils import _pytree as pytree
-
     flat, _ = pytree.tree_flatten_with_path(tree)
     names = []
     for path, _leaf in flat:
@@ -224,9 +208,6 @@ def _names(tree: object, root: str) -> list[str]:
 
 def _batch_dimension(inputs: object) -> object:
     """``dynamic_shapes`` for ``inputs``: the first dimension of every tensor is one batch size."""
-    import torch
-    from torch.utils import _pytree as pytree
-
     batch = torch.export.Dim("batch")
     return pytree.tree_map(lambda _tensor: {0: batch}, inputs)
 
@@ -240,10 +221,7 @@ def export_onnx(model: torch.nn.Module, inputs: object, expected: object, path: 
     """Write the model (a module whose forward takes ``inputs``, as :func:`task_module` gives) as ONNX to
     ``path`` (a batch dimension of any size) and return the largest absolute difference between
     onnxruntime's outputs and ``expected`` for ``inputs``."""
-    import numpy as np
-    import onnxruntime
-    import torch
-    from torch.utils import _pytree as pytree
+    import onnxruntime  # lazy: optional: only an ONNX export is checked with it
 
     names = _names(inputs, "input")
     try:
@@ -276,8 +254,6 @@ def export_onnx(model: torch.nn.Module, inputs: object, expected: object, path: 
 def export_pt2(model: torch.nn.Module, inputs: object, expected: object, path: Path, name: str) -> float:
     """Write the model as a ``torch.export`` program to ``path`` (a batch dimension of any size),
     load it back and return the largest absolute difference between its outputs and ``expected``."""
-    import torch
-
     try:
         program = torch.export.export(model, (inputs,), dynamic_shapes=(_batch_dimension(inputs),))
     except Exception as error:  # noqa: BLE001 - data-dependent control flow, an unsupported operator

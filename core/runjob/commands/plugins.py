@@ -27,6 +27,7 @@ def add_plugins_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
+    # lazy: `runjob --help` imports this module and stays quick: kinds and plugin_host pull pydantic (+1.4 s)
     from runjob.host.kinds import BY_NAME
     from runjob.host.plugin_host import DISABLE_FLAG, disabled_plugins, load_plugins
 
@@ -62,6 +63,7 @@ def print_components(host: PluginHost, width: int) -> None:
     """Per kind, one entry per registration: ``name  (plugin)  description``, the descriptions
     lined up in one column and wrapped to ``width`` (under the entry when the column would leave
     them too little room)."""
+    # lazy: `runjob --help` imports this module and stays quick: kinds and plugin_host pull pydantic (+1.4 s)
     from runjob.host.kinds import KINDS
 
     for kind in KINDS:

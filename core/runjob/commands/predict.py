@@ -16,9 +16,15 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from runjob.commands.run_plugins import require_run_plugins
 from runjob.errors import DataError, RunjobError
 from runjob.host.components import Inputs
 from runjob.host.json_types import JSONObject
+from runjob.host.output import screen
+from runjob.host.plugin_host import load_plugins
+from runjob.host.task import generates
+from runjob.record.prediction import Predictor
+from runjob.train.trained import best_device, build_model, find_run, load_data, load_job, sample_batch, saved
 
 FORMATS = (".csv", ".jsonl")
 
@@ -39,11 +45,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _check_arguments(args)
     if args.input is not None and not args.input.exists():  # said before torch and the model are loaded
         raise DataError(f"--input {args.input}: no such file or folder")
-    from runjob.commands.run_plugins import require_run_plugins
-    from runjob.host.plugin_host import load_plugins
-    from runjob.host.task import generates
-    from runjob.record.prediction import Predictor
-    from runjob.train.trained import best_device, build_model, find_run, load_data, load_job, sample_batch, saved
 
     host = load_plugins()
     with tempfile.TemporaryDirectory(prefix="runjob-predict-") as scratch:
@@ -82,7 +83,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             source.write_text(args.prompt, encoding="utf-8")
         inputs = read_inputs(source)
         for note in getattr(inputs, "notes", ()):  # files of the folder that are not of the dataset's kind
-            print(f"runjob: {note}", file=sys.stderr)
+            screen.each(f"runjob: {note}", err=True)
         if len(inputs) == 0:
             raise DataError(f"--input {source}: nothing to predict")
         model = build_model(job, run.model_file, run.folder, splits).to(best_device())
@@ -101,7 +102,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             row["input"] = "prompt"
     write_rows(rows, args.output)
     if args.output is not None:
-        print(f"runjob: {len(rows)} prediction(s) written to {args.output}", file=sys.stderr)
+        screen.each(f"runjob: {len(rows)} prediction(s) written to {args.output}", err=True)
     return 0
 
 

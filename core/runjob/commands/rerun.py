@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import tomllib
 from collections.abc import Mapping
@@ -14,13 +13,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runjob.commands.arguments import overrides_from
+from runjob.commands.run_plugins import recorded_plugins
 from runjob.errors import RunjobError
+from runjob.host.output import screen
+from runjob.host.plugin_host import PLUGIN_FLAG, file_sha256, load_plugins, local_plugins, using_local_plugins
 from runjob.host.run_folder import RunFolder
+from runjob.job.jobfile import load_job, split_dotted
 from runjob.job.keys import flat
 from runjob.job.redaction import HIDDEN
+from runjob.job.validation import load_resolved
+from runjob.record.outputs import choose_output_dir
 from runjob.record.store import download_job, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
 from runjob.tags import LOCAL_PLUGINS_TAG, RERUN_OF_TAG
+from runjob.train.entry import run
 
 if TYPE_CHECKING:
     from runjob.host.plugin_host import LocalPlugin
@@ -42,8 +48,6 @@ def hidden_keys(tables: Mapping[str, object]) -> list[str]:
 
 def _check_secrets_given(job: Tables, overrides: list[str], run_id: str) -> None:
     """Refuse a job with hidden secrets unless ``--set`` gives each of them (or a table above it)."""
-    from runjob.job.jobfile import split_dotted
-
     given = [".".join(split_dotted(o.partition("=")[0])) for o in overrides]
     missing = [k for k in hidden_keys(job) if not any(k == g or k.startswith(g + ".") for g in given)]
     if missing:
@@ -59,10 +63,10 @@ def _tracking_uri_for(args: argparse.Namespace, job: Tables) -> str | None:
     recorded_uri = job.get("tracking", {}).get("uri")
     overridden = any(o.partition("=")[0].strip() == "tracking.uri" for o in args.overrides)
     if args.tracking_uri and recorded_uri and recorded_uri != args.tracking_uri and not overridden:
-        print(
+        screen.each(
             f"runjob: the job records to tracking.uri = {recorded_uri}, so the new run goes there "
             "(--set tracking.uri=URI to change)",
-            file=sys.stderr,
+            err=True,
         )
     given: str | None = args.tracking_uri
     return given
@@ -72,8 +76,6 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     """``runjob rerun RUN_ID``: train run RUN_ID's recorded job again, as ``runjob run`` would, with
     any ``--set`` changes and the local plugins it had (``-p``); the new run is tagged
     ``runjob.rerun_of = RUN_ID``."""
-    from runjob.host.plugin_host import using_local_plugins
-
     uri = resolve_tracking_uri(args.tracking_uri)
     client = open_store(uri)
     with tempfile.TemporaryDirectory(prefix="runjob-rerun-") as folder:
@@ -86,12 +88,6 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def _rerun(args: argparse.Namespace, downloaded: Path) -> int:
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.jobfile import load_job
-    from runjob.job.validation import load_resolved
-    from runjob.record.outputs import choose_output_dir
-    from runjob.train.entry import run
-
     overrides = overrides_from(args)
     host = load_plugins()
     recorded = tomllib.loads(downloaded.read_text(encoding="utf-8"))
@@ -104,7 +100,7 @@ def _rerun(args: argparse.Namespace, downloaded: Path) -> int:
     shutil.copyfile(downloaded, job_file)
     # the same text, so the same job: only where its values were written (for job_sources) changes
     resolved = replace(resolved, source=load_job(job_file, overrides))
-    print(f"runjob: rerunning {args.run_id} from {job_file}", file=sys.stderr)
+    screen.each(f"runjob: rerunning {args.run_id} from {job_file}", err=True)
     outcome = run(
         job_file,
         overrides,
@@ -121,9 +117,6 @@ def rerun_plugins(run_id: str, text: str | None) -> list[LocalPlugin]:
     """The local plugins of the rerun: those given with ``-p`` (or ``$RUNJOB_PLUGINS``), and each
     one the run recorded that none of them replaces by name, imported again from where the run
     had it (never from the record: a run is data), provided its file is still there as it was."""
-    from runjob.commands.run_plugins import recorded_plugins
-    from runjob.host.plugin_host import PLUGIN_FLAG, file_sha256, local_plugins
-
     given = local_plugins()
     names = {plugin.name for plugin in given}
     again: list[str] = []

@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 
 from runjob.commands.arguments import overrides_from
+from runjob.host.plugin_host import disabled_plugins
+from runjob.sweep.trial import trial_callbacks
+from runjob.train.entry import parse_tags, run
+from runjob.train.request import TrialContext
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from runjob.host.plugin_host import disabled_plugins
-    from runjob.sweep.trial import trial_callbacks
-    from runjob.train.entry import parse_tags, run
-    from runjob.train.request import TrialContext
-
     trial = TrialContext.from_environment()  # a sweep trial, started by its worker: None otherwise
     outcome = run(
         args.job,

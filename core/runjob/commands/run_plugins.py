@@ -10,6 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError
+from runjob.host.plugin_host import PLUGIN_FLAG
+from runjob.record.local import RunRecord
+from runjob.record.store import get_run, open_store, reading
 from runjob.tags import LOCAL_PLUGINS_TAG
 
 if TYPE_CHECKING:
@@ -45,8 +48,6 @@ def plugin_argument(item: dict[str, str]) -> str:
 def require_run_plugins(run: TrainedRun, host: PluginHost, command: str) -> None:
     """Refuse, in one line, to use a run trained with local plugins that this command was not
     given (by name): the line names them and the ``-p`` to add."""
-    from runjob.host.plugin_host import PLUGIN_FLAG
-
     loaded = {info.name for info in host.plugins if info.local is not None}
     missing = [item for item in recorded_plugins(_local_tag(run), run.label) if item["name"] not in loaded]
     if not missing:
@@ -65,15 +66,12 @@ def require_run_plugins(run: TrainedRun, host: PluginHost, command: str) -> None
 
 def _local_tag(run: TrainedRun) -> str | None:
     """The run's ``runjob.plugins.local`` tag: from its local record where its folder is here, else MLflow's."""
-    from runjob.record.local import RunRecord
-
     if run.output_dir is not None:
         record = RunRecord.read(run.output_dir)
         if record is not None:
             return record.tags.get(LOCAL_PLUGINS_TAG)
     if run.run_id is None or run.tracking_uri is None:
         return None
-    from runjob.record.store import get_run, open_store, reading
 
     with reading(run.tracking_uri):
         found = get_run(open_store(run.tracking_uri), run.tracking_uri, run.run_id)

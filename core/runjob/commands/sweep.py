@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import argparse
 
+from runjob.commands.cli import main
+from runjob.commands.table import render
 from runjob.sweep.checks import check_values
+from runjob.sweep.session import CommandLine, SweepOrder, load, plan, sweep
 
 __all__ = ["check_values", "cmd_sweep"]  # check_values: `runjob validate` checks a sweep's values too
 
@@ -25,10 +28,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     did, 2 for a mistake in the job (found before any trial, or a trial exiting with 2), 128 +
     signal when stopped.
     """
-    from runjob.commands.cli import main
-    from runjob.commands.table import render
-    from runjob.sweep.session import CommandLine, SweepOrder, load, plan, sweep
-
     job = load(args.job, args.overrides)
     order = SweepOrder(
         job_file=args.job,

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from runjob.errors import RunjobError
+from runjob.host.output import screen
 from runjob.record.local import RUN_RECORD, RunRecord
 from runjob.record.sync import sync_record
 from runjob.record.uri import check_reachable, resolve_tracking_uri
@@ -21,7 +22,7 @@ def cmd_sync(args: argparse.Namespace) -> int:
     uri = resolve_tracking_uri(args.tracking_uri or record.tracking_uri)
     check_reachable(uri, "--tracking-uri" if args.tracking_uri else f"recorded in {output_dir / RUN_RECORD}")
     summary = sync_record(output_dir, record, uri)
-    print(
+    screen.each(
         f"runjob: synced {output_dir} to MLflow run {summary['run_id']} at {uri}: {summary['params']} params, "
         f"{summary['tags']} tags, {summary['metrics']} metric points, {summary['artifacts']} artifacts, "
         f"status {summary['status']}"
@@ -33,9 +34,9 @@ def cmd_sync(args: argparse.Namespace) -> int:
         if recorded is not None:
             done = sync_record(trial, recorded, uri)
             said = f"{done['metrics']} metric points, status {done['status']}"
-            print(f"runjob: synced the trial {trial} to MLflow run {done['run_id']}: {said}")
+            screen.each(f"runjob: synced the trial {trial} to MLflow run {done['run_id']}: {said}")
     if summary["status"] == "RUNNING":
-        print(
+        screen.each(
             "runjob: the record says RUNNING: the run is still going, or it was killed before it could record its end "
             "(`runjob run JOB --output-dir DIR --resume` continues it)"
         )

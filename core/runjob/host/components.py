@@ -14,10 +14,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, TypeAlias
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from runjob.errors import ComponentError, DataError, RunjobError, describe
 from runjob.host.input_files import KINDS, InputKind, checked_files, reading, skipped_notes
 from runjob.host.json_types import JSONObject
+from runjob.host.plain_data import arguments_of, checked_arguments
 
 if TYPE_CHECKING:  # for annotations only: nothing here imports torch
     import torch
@@ -136,8 +138,6 @@ class ReportedFactory:
     where: str
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from runjob.errors import ComponentError, RunjobError, describe
-
         try:
             return self.factory(*args, **kwargs)
         except RunjobError as error:
@@ -274,8 +274,6 @@ class DataFacts:
     def checked(cls, values: JSONObject) -> DataFacts:
         """The facts in ``values`` (a saved ``data_facts.json``), every field's type checked:
         ``ValueError`` naming the first that is wrong. Keys it does not know are left out."""
-        from pydantic import TypeAdapter, ValidationError
-
         known = {key: value for key, value in values.items() if key in cls.__dataclass_fields__}
         try:
             return TypeAdapter(cls).validate_python(known, strict=False)
@@ -428,8 +426,6 @@ class Inputs(ABC):
 
         The default: the arguments ``__init__`` takes, each read back from the attribute of the
         same name (``TypeError`` when one is missing or not plain data)."""
-        from runjob.host.plain_data import arguments_of
-
         return arguments_of(self)
 
     @classmethod
@@ -440,8 +436,6 @@ class Inputs(ABC):
 
         The default: ``cls(**data)``, each value checked first against the annotation of its
         ``__init__`` argument (``ValueError`` naming the first that does not fit)."""
-        from runjob.host.plain_data import checked_arguments
-
         return cls(**checked_arguments(cls, data))
 
     def collate(self, samples: list[Sample]) -> Batch | None:
@@ -491,12 +485,8 @@ class EncodedInputs:
         try:
             return name, self.inputs.encode(record)
         except ValueError as error:
-            from runjob.errors import DataError
-
             raise DataError(f"--input {self.where}: {name}: {error}") from None
         except Exception as error:  # noqa: BLE001 - a plugin's bug, or a run's damaged predictor: one line
-            from runjob.errors import ComponentError, describe
-
             raise ComponentError(
                 f"--input {self.where}: {name}: {type(self.inputs).__qualname__}.encode failed ({describe(error)}): "
                 "the plugin has a bug, or the run's predictor/ was changed since the run"

@@ -281,6 +281,7 @@ class Dispatcher:
         """Who hears ``event``, in order: the callbacks that override its method, then the hooks."""
         found = self._listeners.get(event)
         if found is None:
+            # lazy: runjob.testing (every pytest session) imports events; callback pulls pydantic (+1.2 s)
             from runjob.host.callback import Callback
 
             base = getattr(Callback, event.method)

@@ -93,7 +93,7 @@ def _not_text(file: Path, what: str) -> str | None:
 
 
 def _not_an_image(file: Path) -> str | None:
-    from PIL import Image
+    from PIL import Image  # lazy: `runjob validate` imports the host: PIL only when an image is read
 
     try:
         with Image.open(file):  # reads the header only: which format, what size

@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ConfigDict, ValidationError, create_model
+
 from runjob.host.json_types import JSONObject
 
 if TYPE_CHECKING:
@@ -93,8 +95,6 @@ def checked_arguments(cls: type, data: JSONObject) -> dict[str, object]:
     """``data`` as the arguments of ``cls.__init__``, each checked against its annotation (pydantic,
     lax: a list where a tuple is annotated, an int where a float is); unannotated ones taken as they
     are. ``ValueError`` names an argument that is unknown, missing or of the wrong type."""
-    from pydantic import ConfigDict, ValidationError, create_model
-
     names = init_arguments(cls)
     unknown = sorted(set(data) - set(names))
     if unknown:

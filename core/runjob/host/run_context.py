@@ -12,7 +12,9 @@ log an artifact, save the model, ask the run to stop). Annotate a callback's ``r
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from runjob.host.events import Dispatcher, Journal
+from runjob.host.output import screen
 from runjob.host.run_folder import WEIGHTS_FILE, RunFolder
 
 if TYPE_CHECKING:  # annotations only: the host never imports torch
@@ -119,6 +122,10 @@ class RunActions(Protocol):
 
     def request_stop(self, reason: str) -> None:
         """Ask training to end early, cleanly, with ``reason``."""
+        ...
+
+    def say(self, line: str) -> None:
+        """Say ``line`` on the run's output, once for the job (the main process's call)."""
         ...
 
 
@@ -311,6 +318,13 @@ class Run:
         if not self._stop.reason:
             self._stop.reason = reason or "stopped by a callback"
 
+    def say(self, line: str) -> None:
+        """Say ``line`` on the run's output (stdout), once for the job: the main process's call
+        says it, other processes' calls say nothing; a progress bar on screen is moved out of its
+        way, and a terminal nobody reads any more keeps it in ``runjob.log``. Call it on every
+        process or on the main one."""
+        screen.say(line, main=self.is_main_process)
+
     def add_model(self, name: str, weights: str | Path, summary: str = "") -> None:
         """Name a model of this run besides its final weights: ``weights``, a ``.safetensors`` file
         inside :attr:`output_dir` (e.g. one :meth:`save_model` wrote), with a one-line ``summary``
@@ -347,8 +361,6 @@ class NamedModel:
 
 def named_models(output_dir: Path) -> dict[str, NamedModel]:
     """The run's named models (:meth:`Run.add_model`), by name; none when it has no record of them."""
-    import json
-
     try:
         entries = json.loads(RunFolder(output_dir).models_file.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -361,9 +373,6 @@ def named_models(output_dir: Path) -> dict[str, NamedModel]:
 
 def write_named_models(output_dir: Path, models: Iterable[NamedModel]) -> Path:
     """Write the record of named models (written whole, then moved into place: never half a file)."""
-    import json
-    import os
-
     entries = {
         model.name: {
             "weights": model.weights,

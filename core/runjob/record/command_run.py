@@ -14,15 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError
 from runjob.host.run_folder import METRICS_FILE
 from runjob.record.local import RUN_RECORD, MetricsWriter, RunRecord, now_ms
 from runjob.record.messages import Point
-
-if TYPE_CHECKING:
-    from runjob.record.mlflow_writer import RunWriter
+from runjob.record.mlflow_writer import RETRY_DELAYS_S, Retrying, RunWriter, connect, retried
+from runjob.record.uri import check_reachable
 
 
 class CommandRun:
@@ -75,16 +73,11 @@ class CommandRun:
         return run
 
     def _attach(self, uri: str, run_id: str) -> None:
-        from runjob.record.mlflow_writer import RunWriter, connect, retried
-
         writer = RunWriter(connect(uri), run_id)
         retried(writer.reopen, "the run's reopening")
         self.writer = writer
 
     def _create(self, uri: str, setting: str) -> None:
-        from runjob.record.mlflow_writer import RunWriter, connect, retried
-        from runjob.record.uri import check_reachable
-
         check_reachable(uri, setting)
         record = self.record
         client = connect(uri)
@@ -148,8 +141,6 @@ class CommandRun:
     def _send(self, what: str, call: Callable[[], object]) -> None:
         """``call`` to MLflow, tried again while the store is busy, unless the store stopped
         answering before; a write that fails every try is noted, not raised."""
-        from runjob.record.mlflow_writer import RETRY_DELAYS_S, Retrying
-
         if self.failure is not None and (self._gone or self.writer is None):
             return
         outcome = Retrying(delays=() if self.writer is None else RETRY_DELAYS_S).write(call, what)

@@ -103,7 +103,7 @@ def _own_words() -> list[str] | None:
 
 def _ancestors() -> list[list[str]]:
     """The command lines of this process's parent, grandparent... (those that can be read)."""
-    import psutil
+    import psutil  # lazy: `runjob validate` imports this module: psutil only when used
 
     found: list[list[str]] = []
     try:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TextIO
 
+from runjob.host.output import screen
 from runjob.host.run_folder import LOG_FILE
 
 LIBRARIES = {
@@ -91,7 +91,7 @@ class _Handler(logging.Handler):
         self.log.keep(record)
         if record.levelno >= logging.WARNING and not _harmless(record):
             try:
-                print(self.format(record), file=sys.stderr, flush=True)
+                screen.each(self.format(record), err=True)
             except Exception:  # noqa: BLE001 - logging's own policy: a failing handler never raises
                 self.handleError(record)
 

@@ -32,6 +32,7 @@ everything was sent, and whether a resumed run's catch-up was).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import queue
 import signal
@@ -42,17 +43,31 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 
-from runjob.errors import RunjobError
+from runjob.errors import RunjobError, TrackingError, describe
+from runjob.host.output import screen
+from runjob.host.plugin_host import load_plugins
 from runjob.host.run_folder import RunFolder
-from runjob.record import messages
+from runjob.job.validation import load_resolved
+from runjob.record import logfile, messages
+from runjob.record.local import RunRecord
+from runjob.record.logfile import LibraryLog
 from runjob.record.messages import Recording
+from runjob.record.mlflow_writer import (
+    Retrying,
+    RunWriter,
+    Uploader,
+    connect,
+    metric_entities,
+    retried,
+)
+from runjob.record.model_logging import save_mlflow_model
+from runjob.record.naming import HeadlineFirst, headline_metrics
+from runjob.record.uri import resolve_tracking_uri
 from runjob.tags import RETRIED_TAG
 
 if TYPE_CHECKING:
     from runjob.host.plugin_host import PluginHost
     from runjob.record.local import MetricLine
-    from runjob.record.mlflow_writer import Retrying, RunWriter, Uploader
-    from runjob.record.naming import HeadlineFirst
 
 R = TypeVar("R", bound=messages.Reply)  # the kind of reply waited for
 
@@ -119,9 +134,8 @@ def _import_setuptools_once() -> None:
     its C++ kernels through ``torch.utils.cpp_extension``) can leave the standard library's distutils
     loaded, and torch's build then fails with ``AssertionError: .../distutils/core.py`` (measured:
     the compiled-run test under a recording thread, 3 failures in 3 parallel runs)."""
-    import importlib.util
-
     if importlib.util.find_spec("setuptools") is not None:
+        # lazy: setuptools only where it is installed (see the docstring)
         import setuptools  # type: ignore[import-untyped]  # noqa: F401 - no type information here
 
 
@@ -170,10 +184,10 @@ class Mirror:
             try:
                 reply = messages.decode(line)
             except ValueError as error:  # a bug on one side: said, and the rest still read
-                print(f"runjob: the recording process said something unknown: {error}", file=sys.stderr)
+                screen.each(f"runjob: the recording process said something unknown: {error}", err=True)
                 continue
             if not isinstance(reply, messages.REPLIES):
-                print(f"runjob: the recording process sent a {reply.kind} message, not a reply", file=sys.stderr)
+                screen.each(f"runjob: the recording process sent a {reply.kind} message, not a reply", err=True)
                 continue
             self._deliver(reply)
         with self._arrived:
@@ -250,10 +264,6 @@ class _Recording:
 
     def begin(self, first: messages.Start | messages.Join) -> bool:
         """Create (or reopen, or join) the MLflow run; reply ``Started`` or ``Refused``."""
-        from runjob.errors import TrackingError, describe
-        from runjob.record import logfile
-        from runjob.record.uri import resolve_tracking_uri
-
         self.start = first if isinstance(first, messages.Start) else None
         self.output_dir = Path(first.output_dir)
         logfile.open_in(self.output_dir)  # MLflow's chatter (a new database's creation) goes there
@@ -263,8 +273,6 @@ class _Recording:
             self.reply(messages.Started(self.start.run_id, uri, None, default))
             return True
         try:
-            from runjob.record.mlflow_writer import Retrying
-
             retrying = Retrying()  # one count of retried writes, from the run's creation to its end
             self.writer = _open_run(first, uri, retrying)
             experiment = self.writer.experiment_id()
@@ -274,18 +282,12 @@ class _Recording:
         except Exception as error:  # noqa: BLE001 - any failure to reach MLflow is the same to the user
             self.reply(messages.Refused(f"cannot record the run to MLflow at {uri} (tracking.uri): {describe(error)}"))
             return False
-        from runjob.record.mlflow_writer import (  # MLflow's client: only where a run is recorded
-            Uploader,
-            metric_entities,
-        )
 
         writer = self.writer
         self.uploader = Uploader(
             lambda points: writer.client.log_batch(writer.run_id, metrics=metric_entities(points)), retrying
         )
         if self.start is not None and self.start.run_id is None:  # a new run: its headline metrics first
-            from runjob.record.naming import HeadlineFirst, headline_metrics
-
             self.first_metrics = HeadlineFirst(headline_metrics(self.start.params, self.start.tags))
         self.reply(messages.Started(writer.run_id, uri, experiment, default))
         if self.start is not None and self.start.run_id is not None:
@@ -297,7 +299,6 @@ class _Recording:
         the machine lost) with points not yet sent, which only ``metrics.jsonl`` holds. Send
         MLflow what the local record has and it lacks, first in the upload queue: this process's
         time, not training's."""
-        from runjob.record.local import RunRecord
 
         def send() -> None:
             record = RunRecord.read(self.output_dir)
@@ -317,13 +318,15 @@ class _Recording:
 
     def _prewarm(self) -> None:
         assert self.start is not None
-        from runjob.host.plugin_host import load_plugins
 
         try:
             self.host = load_plugins(self.start.disabled)
             if self.start.log_model == "weights":
+                # lazy: the training process imports this module and never imports mlflow (record.mirror)
                 import mlflow.pyfunc  # noqa: F401 - no torch: writing this model needs none
             else:  # pickle, pt2: the model is built here, from the weights
+                # lazy: the training process imports this module and never imports mlflow (record.mirror); the recording
+                # process imports this module: torch only where a model is logged
                 import mlflow.pytorch  # noqa: F401
                 import torch  # noqa: F401
         except Exception:  # noqa: BLE001 - only a head start: building the model says what is wrong
@@ -386,8 +389,6 @@ class _Recording:
     def _model(self, request: messages.Model) -> None:
         """Build the MLflow model of the final weights into ``OUTPUT_DIR/mlflow_model`` and upload
         it as the run's logged model; reply ``ModelWritten``."""
-        from runjob.errors import RunjobError, describe
-
         if self.prewarmed is not None:
             self.prewarmed.join()  # the plugins it loads build the model
         notes: list[str] = []
@@ -423,8 +424,6 @@ class _Recording:
 def _open_run(first: messages.Start | messages.Join, uri: str, retrying: Retrying | None = None) -> RunWriter:
     """Create the run with its tags and params (or reopen a resumed one, or take the one another
     machine's main process made); returns its :class:`runjob.record.mlflow_writer.RunWriter`."""
-    from runjob.record.mlflow_writer import RunWriter, connect, retried
-
     client = connect(uri)
     if isinstance(first, messages.Join):
         return RunWriter(client, first.run_id)
@@ -454,15 +453,11 @@ def _build_model(
 ) -> Path:
     """The run's job rebuilt from its ``job.toml`` (with the plugins the run had), its example
     input loaded, and the MLflow model written (record.model_logging)."""
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.validation import load_resolved
-    from runjob.record.model_logging import save_mlflow_model
-
     host = host or load_plugins(request.disabled)
     job = load_resolved(RunFolder(output_dir).job_file, [], host)
     example = None
     if request.example:
-        import torch
+        import torch  # lazy: the recording process imports this module: torch only where a model is logged
 
         example = torch.load(request.example, weights_only=True)
     return save_mlflow_model(job, output_dir, example, host, request.prediction, notes)
@@ -497,12 +492,12 @@ def main() -> int:
             try:
                 message = messages.decode(line)
             except ValueError as error:  # a bug on one side: said, and the rest still read
-                print(f"runjob recording process: {error}", file=sys.stderr)
+                screen.each(f"runjob recording process: {error}", err=True)
                 continue
             if isinstance(message, messages.Close):
                 break
             if isinstance(message, messages.REPLIES):  # a reply sent this way: a bug, said, and the rest read
-                print(f"runjob recording process: a reply where a message was expected: {line[:80]}", file=sys.stderr)
+                screen.each(f"runjob recording process: a reply where a message was expected: {line[:80]}", err=True)
                 continue
             inbox.put(message)
         inbox.put(messages.Close())
@@ -512,9 +507,8 @@ def main() -> int:
         replies.flush()
 
     threading.Thread(target=read, name="runjob-mirror-inbox", daemon=True).start()
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     import mlflow  # noqa: F401 - the slow part of starting, done while the training process starts too
-
-    from runjob.record.logfile import LibraryLog
 
     LibraryLog("recording").start()  # after MLflow's import, which sets its loggers' handlers; to os._exit
     serve(inbox, answer)

@@ -15,7 +15,6 @@ import functools
 import math
 import queue
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -24,10 +23,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Generic, Literal, TypeVar, cast
 
 from runjob.errors import TrackingError, describe
+from runjob.host.output import screen
 from runjob.record.invocation import pasteable
 from runjob.record.local import RunRecord, now_ms, read_metric_points
+from runjob.record.logfile import note
 from runjob.record.messages import Point
 from runjob.record.model_logging import MODEL_FOLDER
+from runjob.record.naming import headline_first, headline_metrics
 from runjob.record.uri import bound_http_retries
 from runjob.tags import ABANDONED_TAG, DATASET_CONTEXT_TAG, ERROR_TAG, WORKER_FAILURE_TAG
 
@@ -46,6 +48,7 @@ FINAL_STATUSES = ("FINISHED", "FAILED", "KILLED")
 def connect(uri: str | None) -> MlflowClient:
     """An ``MlflowClient`` for ``uri`` (None: MLflow's default), MLflow's HTTP retries bounded
     (``uri.HTTP_DEFAULTS``)."""
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     from mlflow import MlflowClient
 
     bound_http_retries()
@@ -98,6 +101,7 @@ class RunWriter:
 
     def params(self, params: dict[str, str]) -> int:
         """Log ``params``, 100 a call; returns how many."""
+        # lazy: the training process imports this module and never imports mlflow (record.mirror)
         from mlflow.entities import Param
 
         items = [Param(k, v) for k, v in params.items()]
@@ -107,6 +111,7 @@ class RunWriter:
 
     def tags(self, tags: dict[str, str]) -> int:
         """Set ``tags``, 100 a call; returns how many."""
+        # lazy: the training process imports this module and never imports mlflow (record.mirror)
         from mlflow.entities import RunTag
 
         items = [RunTag(k, str(v)) for k, v in tags.items()]
@@ -151,8 +156,6 @@ class RunWriter:
         killed predecessor had not sent; it leaves out the MLflow model (the resumed run logs its
         own). The artifacts are sent again whole (MLflow cannot say whether its copy is the latest:
         a best model re-logged under one name keeps its size). Returns how many of each were sent."""
-        from runjob.record.naming import headline_first, headline_metrics
-
         params = self.params(record.params)
         tags = self.tags(record.tags)
         if record.inputs:
@@ -169,6 +172,7 @@ class RunWriter:
 
 def metric_entities(points: Iterable[Point]) -> list[Metric]:
     """MLflow ``Metric``\\ s of ``points``."""
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     from mlflow.entities import Metric
 
     return [Metric(p.key, float(p.value), int(p.timestamp), int(p.step)) for p in points]
@@ -193,6 +197,7 @@ def log_logged_model(client: MlflowClient, run_id: str, folder: Path, name: str 
     ``runs:/ID/<name>`` loads it. Its files are stored once, in the model's own artifact location.
     A run that has one already (``runjob sync`` again) keeps it; one left PENDING by an earlier try
     that failed half-way (a retried write) is completed. Returns the model id."""
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     from mlflow.entities import LoggedModelOutput
 
     experiment = client.get_run(run_id).info.experiment_id
@@ -211,6 +216,7 @@ def log_logged_model(client: MlflowClient, run_id: str, folder: Path, name: str 
 
 def log_inputs(client: MlflowClient, run_id: str, entries: list[dict[str, str]]) -> None:
     """Log recorded dataset lineage entries as MLflow dataset inputs."""
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     inputs = [
@@ -295,8 +301,6 @@ class Retrying:
 
     def write(self, call: Callable[[], object], what: str) -> Write:
         """Call ``call`` until it succeeds or its tries are spent; never raises an ``Exception``."""
-        from runjob.record.logfile import note
-
         outcome = Write(what)
         for wait in (*self.delays, None):
             try:
@@ -486,9 +490,9 @@ def _close_run(output_dir: Path, status: str, tags: dict[str, str], if_open: dic
             writer.tags(if_open)
             writer.terminate(status)
     except Exception as error:  # noqa: BLE001 - the local record has it; sync sends it later
-        print(
+        screen.each(
             f"runjob: could not mark MLflow run {record.run_id} {status} ({describe(error)}); "
             f"`{pasteable('sync', output_dir)}` sends what the local record says",
-            file=sys.stderr,
+            err=True,
         )
     return record.run_id

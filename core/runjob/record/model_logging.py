@@ -10,14 +10,17 @@ named after the job).
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runjob.errors import TrainingError, first_line
+from runjob.host.model_build import rebuild_model
 from runjob.host.plugin_host import LOCAL_DISTRIBUTION  # a -p plugin: no distribution to require
 from runjob.host.run_folder import MLFLOW_MODEL_DIR
+from runjob.record.wheels import WheelError, wheel_for
 
 if TYPE_CHECKING:
     import torch
@@ -42,8 +45,9 @@ def save_mlflow_model(
     training process's description of the run's predictor (``runjob.train.predictor``) for a ``weights`` model.
     What the user should know about the model (a requirement that could not travel) is appended to ``notes``."""
     if job.tracking.log_model == "weights":
+        # lazy: trained_model imports mlflow, numpy, pandas; the training process imports this module and never imports
+        # mlflow (record.mirror)
         from runjob.record.trained_model import requirements_of, save_trained_model
-        from runjob.record.wheels import WheelError, wheel_for
 
         folder = output_dir / MODEL_FOLDER
         shutil.rmtree(folder, ignore_errors=True)
@@ -74,11 +78,12 @@ def save_mlflow_model(
             else:
                 pinned.append(name)
         return save_trained_model(folder, output_dir, requirements_of(pinned), prediction, wheels)
+    # lazy: the training process imports this module and never imports mlflow (record.mirror); the recording process
+    # imports this module: torch only where a model is logged; the recording process imports this module: accelerate
+    # only where a model is logged
     import mlflow.pytorch
     import torch
     from accelerate.utils import load_checkpoint_in_model
-
-    from runjob.host.model_build import rebuild_model
 
     model, _ = rebuild_model(job.model, getattr(job, "adapters", {}), output_dir)
     load_checkpoint_in_model(model, str(output_dir))
@@ -114,8 +119,6 @@ def save_mlflow_model(
 
 
 def _installed(distribution: str) -> bool:
-    import importlib.metadata
-
     try:
         importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -127,8 +130,6 @@ def model_requirements(model: torch.nn.Module) -> list[str]:
     """The pip requirements of ``model``: torch, and the distribution whose package defines the
     model's class (the package that provides the model, whichever plugin registered it), each
     pinned to the installed version without a local build tag (``2.6.0``, not ``2.6.0+cu124``)."""
-    import importlib.metadata
-
     packages = {"torch", type(model).__module__.partition(".")[0]}
     distributions = importlib.metadata.packages_distributions()
     names = sorted({dist for package in packages for dist in distributions.get(package, [])})

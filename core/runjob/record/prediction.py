@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from runjob.errors import DataError, RunjobError, describe, first_line
 from runjob.host.components import Batch, Collate, Component, DataFacts, Inputs, Sample
 from runjob.host.json_types import JSONObject, JSONValue
+from runjob.host.model_build import read_facts
+from runjob.host.output import screen
 from runjob.host.plain_data import as_json, check_plain, round_trip
+from runjob.host.plugin_host import ComponentLookupError
 from runjob.host.run_folder import PREDICTOR_FILE, PREDICTOR_INPUTS_DIR, RunFolder
 from runjob.host.task import Task, generates
 
@@ -241,8 +244,6 @@ def _read_saved(path: Path) -> _SavedPredictor:
 
 
 def _facts(folder: Path) -> DataFacts | None:
-    from runjob.host.model_build import read_facts
-
     try:
         return read_facts(folder)
     except (ValueError, TypeError) as error:
@@ -250,8 +251,6 @@ def _facts(folder: Path) -> DataFacts | None:
 
 
 def _rebuild_inputs(host: PluginHost, saved: _SavedInputs, path: Path) -> Inputs:
-    from runjob.host.plugin_host import ComponentLookupError
-
     loaded = any(info.name == saved.plugin for info in host.plugins)
     try:
         component = host.lookup("inputs", f"{saved.plugin}:{saved.name}" if loaded else saved.name)
@@ -285,13 +284,11 @@ def _pickled(path: Path, trust: bool) -> Predictor:
             f"whatever code it holds, so runjob does not read it; for a run you made yourself add {TRUST_PICKLE_FLAG}, "
             "or read inputs as the run's dataset does with --from-data (the dataset's files must be here)"
         )
-    print(f"runjob: reading {path} as a pickle ({TRUST_PICKLE_FLAG})", file=sys.stderr)
+    screen.say(f"runjob: reading {path} as a pickle ({TRUST_PICKLE_FLAG})", err=True)
     return _unpickle(path)
 
 
 def _unpickle(path: Path) -> Predictor:
-    import pickle
-
     # the one unpickling in runjob: only with --trust-pickle, for an older run the user vouches for
     predictor: Predictor = pickle.loads(path.read_bytes())  # noqa: S301
     return predictor
@@ -300,6 +297,7 @@ def _unpickle(path: Path) -> Predictor:
 def collate(batch: list[Sample], padder: str = "a DatasetSplits.collate") -> Batch:
     """torch's default collation (tensors stacked; dicts, tuples and lists of them alike), with a
     one-line :class:`runjob.DataError` when inputs differ in shape (``padder``: what would pad them)."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     from torch.utils.data import default_collate
 
     try:
@@ -338,6 +336,7 @@ def prediction_rows(
     An item's input is one sample of the model's inputs (a tensor, a dict of tensors): batches of
     them (``collate_inputs``, the dataset's collate, or stacking) go to the model through the task
     (``Task.call_model``), as in training."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
     from torch.utils.data import DataLoader
 
@@ -372,6 +371,7 @@ class _NamedBatches:
 
 def to_device(inputs: Batch, device: torch.device) -> Batch:
     """Every tensor of ``inputs`` (a tensor, or dicts, tuples and lists of them) on ``device``."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
     from torch.utils import _pytree as pytree  # torch's own nested-container walk, as torch.export uses
 
@@ -380,6 +380,7 @@ def to_device(inputs: Batch, device: torch.device) -> Batch:
 
 def shapes(inputs: object) -> str:
     """The shapes in ``inputs``, for messages: ``(8, 3)`` or ``{'x': (8, 2), 'z': (8, 1)}``."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     from torch.utils import _pytree as pytree
 
     return str(pytree.tree_map(lambda x: tuple(x.shape) if hasattr(x, "shape") else type(x).__name__, inputs))
@@ -388,6 +389,7 @@ def shapes(inputs: object) -> str:
 def samples_of(inputs: Batch) -> list[Sample]:
     """A batch of model inputs (a tensor, a dict of tensors...) as one input per sample, each shaped
     as :meth:`runjob.Inputs.encode` gives it: collating them gives the batch back."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     from torch.utils import _pytree as pytree
 
     leaves, spec = pytree.tree_flatten(inputs)
@@ -426,6 +428,7 @@ def continuation_rows(
     """One row per prompt: its name and the model's continuation (text when the dataset can decode
     its tokens, else the token ids). One generator for all prompts, seeded once, as ``runjob
     predict --seed`` draws."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
 
     device = next(model.parameters()).device

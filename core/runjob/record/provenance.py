@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runjob.job.redaction import redact_tables
+from runjob.host.components import DatasetSplits
+from runjob.host.plugin_host import LOCAL_FACT
+from runjob.job.redaction import redact_tables, redact_text
 from runjob.record.local import flatten
 from runjob.tags import GIT_BRANCH_TAG, GIT_COMMIT_TAG, GIT_DIRTY_TAG, GIT_REPO_URL_TAG
 
 if TYPE_CHECKING:
-    from runjob.host.components import DatasetSplits
     from runjob.job.validation import ResolvedJob
 
 
@@ -36,8 +39,6 @@ def job_sources(job: ResolvedJob) -> dict[str, dict[str, Any]]:
 def _name_local_plugins(job: ResolvedJob, sources: dict[str, dict[str, Any]]) -> None:
     """Each key of a table whose component a local plugin (``-p``) provided says so: ``"plugin":
     "NAME (local /path/to/file.py)"``, the code that is not in any installed package."""
-    from runjob.host.plugin_host import LOCAL_FACT
-
     tables = {table: getattr(job, table, None) for table in ("model", "dataset", "optimizer", "scheduler", "strategy")}
     tables["task"] = getattr(job, "task", None)
     tables.update({f"callbacks.{name}": chosen for name, chosen in getattr(job, "callbacks", {}).items()})
@@ -70,8 +71,6 @@ def git_tags(job_file: Path) -> dict[str, str]:
     tags = {GIT_COMMIT_TAG: commit, GIT_DIRTY_TAG: "true" if git("status", "--porcelain") else "false"}
     remote = git("config", "--get", "remote.origin.url")
     if remote:
-        from runjob.job.redaction import redact_text
-
         tags[GIT_REPO_URL_TAG] = redact_text(remote)
     branch = git("rev-parse", "--abbrev-ref", "HEAD")
     if branch and branch != "HEAD":
@@ -82,11 +81,6 @@ def git_tags(job_file: Path) -> dict[str, str]:
 def dataset_lineage(job: ResolvedJob, splits: DatasetSplits) -> dict[str, str]:
     """The dataset as an MLflow input: name, digest, source and a small profile. A plugin's own
     ``source``/``digest`` win; otherwise the digest fingerprints the dataset's options and sizes."""
-    import hashlib
-    import json
-
-    from runjob.host.components import DatasetSplits
-
     assert isinstance(splits, DatasetSplits)  # a plugin's object reached here as one
     options = job.to_dict()["dataset"]
     sizes = {"train_samples": len(splits.train), "val_samples": len(splits.val), "num_classes": splits.num_classes}

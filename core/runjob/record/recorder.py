@@ -21,11 +21,13 @@ calls -> ``end``; a main or node recorder used out of that order raises :class:`
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal, cast
 
-from runjob.errors import TrackingError, describe
+from runjob.errors import TrackingError, TrainingError, describe
+from runjob.host.output import screen
 from runjob.host.run_folder import METRICS_FILE, RunFolder
 from runjob.record import messages
 from runjob.record.invocation import pasteable
@@ -34,6 +36,7 @@ from runjob.record.messages import Recording
 from runjob.record.mirror import FINAL_UPLOAD_TIMEOUT_S, Mirror
 from runjob.record.mlflow_writer import MODEL_ARTIFACT
 from runjob.record.model_logging import MODEL_FOLDER
+from runjob.record.uri import check_reachable
 from runjob.tags import ERROR_TAG
 
 if TYPE_CHECKING:
@@ -249,7 +252,6 @@ class MainRecorder(Recorder):
         model by it). ``recording``: "process" or "thread" (see :class:`runjob.record.mirror.Mirror`)."""
         if self._state != "new":
             raise RecorderStateError(f"MainRecorder.start: called twice (the record is {self._state})")
-        from runjob.record.uri import check_reachable
 
         self._disabled = dict(disabled or {})
         self._model_name = model_name
@@ -318,10 +320,9 @@ class MainRecorder(Recorder):
                 self.record.run_id, self.record.tracking_uri = self.run_id, self.tracking_uri
             self._save()
             if self._began_offline:
-                print(
+                screen.say(
                     f"runjob: the run began offline; `runjob sync {self.output_dir}` uploads what it recorded before "
-                    "this resume",
-                    flush=True,
+                    "this resume"
                 )
         return self.run_id
 
@@ -368,8 +369,7 @@ class MainRecorder(Recorder):
             return
         name = ""
         if example is not None:
-            import tempfile
-
+            # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
             import torch
 
             handle, name = tempfile.mkstemp(prefix="runjob-example-", suffix=".pt")
@@ -395,18 +395,14 @@ class MainRecorder(Recorder):
         if answer is None and self._mirroring:
             self._give_up("the MLflow model: the recording process stopped")
         elif answer is None:
-            print(
+            screen.say(
                 f"runjob: the MLflow model was not written (the recording process stopped); the weights are in "
-                f"{self.output_dir / 'model.safetensors'}",
-                flush=True,
+                f"{self.output_dir / 'model.safetensors'}"
             )
         elif answer.error is not None:
-            from runjob.errors import TrainingError
-
             raise TrainingError(answer.error)
         else:
-            for note in answer.notes:
-                print(f"runjob: {note}", flush=True)
+            screen.say(*(f"runjob: {note}" for note in answer.notes))
 
     def log_input(self, dataset: dict[str, str], context: str) -> None:
         self._require_started("log_input")
@@ -459,11 +455,10 @@ class MainRecorder(Recorder):
         self.record.unsynced = self.record.unsynced or what
         self._save()
         how = "stopped taking the run's record" if stopped else "did not take part of the run's record"
-        print(
+        screen.say(
             f"runjob: MLflow at {self.tracking_uri} {how} ({self.record.unsynced}); "
             f"training went on and the record is complete in {self.output_dir}: upload it with "
-            f"`{pasteable('sync', self.output_dir)}`",
-            flush=True,
+            f"`{pasteable('sync', self.output_dir)}`"
         )
 
     def _save(self) -> None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError, TrackingError, describe
 from runjob.host.run_folder import JOB_FILE, WEIGHTS_FILE
+from runjob.record.uri import check_reachable, sqlite_path
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -21,9 +22,8 @@ if TYPE_CHECKING:
 def open_store(uri: str) -> MlflowClient:
     """An ``MlflowClient`` for ``uri``; a sqlite file that does not exist is an error (MLflow would
     silently create an empty one, and every query would then find nothing)."""
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     from mlflow import MlflowClient
-
-    from runjob.record.uri import check_reachable, sqlite_path
 
     check_reachable(uri, "--tracking-uri or $MLFLOW_TRACKING_URI")
     path = sqlite_path(uri)
@@ -49,6 +49,7 @@ def reading(uri: str) -> Iterator[None]:
 
 def get_run(client: MlflowClient, uri: str, run_id: str) -> Run:
     """The run ``run_id``; an unknown id is a one-line error."""
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     from mlflow.exceptions import MlflowException
 
     try:
@@ -89,6 +90,7 @@ def download_artifact(uri: str | None, run_id: str, name: str, folder: Path) -> 
     """Download artifact ``name`` (a file or folder) of run ``run_id`` into ``folder``, without
     MLflow's progress bar; ``None`` when the run or the artifact does not exist. Any other failure
     to read from MLflow is a one-line TrackingError naming the store."""
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     from mlflow.artifacts import download_artifacts
     from mlflow.exceptions import MlflowException
 
@@ -123,6 +125,7 @@ LOGGED_MODEL_WEIGHTS = "data/run"
 def _logged_model_weights(uri: str | None, run_id: str, folder: Path) -> Path | None:
     """The final weights of a run whose logged model holds them (``tracking.log_model =
     "weights"``: stored there once, not also as the run's own ``model.safetensors``)."""
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     from mlflow import MlflowClient
     from mlflow.artifacts import download_artifacts
     from mlflow.exceptions import MlflowException

@@ -44,6 +44,7 @@ def sync_record(output_dir: Path, record: RunRecord, uri: str) -> dict[str, str 
 def _run_on_server(client: MlflowClient, record: RunRecord, uri: str, output_dir: Path) -> RunWriter:
     """The run to upload into: the recorded one when it is on this server, else a new one (an
     offline run, or a copy to another server), remembered in the record so repeats reuse it."""
+    # lazy: `runjob sweep`'s workers import this module: mlflow only when a run is uploaded
     from mlflow.exceptions import MlflowException
 
     if uri == record.tracking_uri and record.run_id:

@@ -63,12 +63,14 @@ class SystemMetricsSampler:
 
 
 def _monitors() -> list[Any]:
+    # lazy: the training process imports this module and never imports mlflow (record.mirror)
     from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
     from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
     from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
 
     monitors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
     try:
+        # lazy: the training process imports this module and never imports mlflow (record.mirror)
         from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
 
         monitors.append(GPUMonitor())  # needs NVIDIA's management library (nvidia-ml-py) and a GPU

@@ -94,6 +94,7 @@ class TerminalStream:
         return True
 
     def _keep(self, text: str) -> None:
+        # lazy: `runjob --help` imports this module and stays quick: +40 ms
         from runjob.record.logfile import keep_printed
 
         if getattr(_keeping, "now", False):  # the log's own failure, printed here: dropped, not kept again

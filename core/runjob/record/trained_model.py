@@ -23,6 +23,8 @@ This module imports MLflow; the training process never imports it.
 from __future__ import annotations
 
 import importlib.metadata
+import logging
+import os
 import shutil
 import tempfile
 import warnings
@@ -33,13 +35,20 @@ from typing import TYPE_CHECKING, Any
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
+from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
+from runjob.host.model_build import rebuild_model
+from runjob.host.plugin_host import load_plugins
 from runjob.host.run_folder import DATA_DIR, DATA_FACTS_FILE, JOB_FILE, PREDICTOR_DIR, WEIGHTS_FILE, RunFolder
-from runjob.record.store import LOGGED_MODEL_WEIGHTS
+from runjob.job.validation import load_model_adapters, load_model_table, load_table
+from runjob.record.prediction import GENERATION_DEFAULTS, load_predictor
+from runjob.record.store import LOGGED_MODEL_WEIGHTS, environment
 
 if TYPE_CHECKING:
     import torch
-    from mlflow.models import ModelSignature
 
 RUN_DATA = Path(LOGGED_MODEL_WEIGHTS).name
 """The folder of the model's data (under MLflow's ``data/``), laid out as a run's output folder."""
@@ -57,12 +66,7 @@ class TrainedModel:
     :class:`runjob.Inputs`). ``folder`` is laid out as the run's output folder."""
 
     def __init__(self, folder: Path) -> None:
-        from safetensors.torch import load_model
-
-        from runjob.host.model_build import rebuild_model
-        from runjob.host.plugin_host import load_plugins
-        from runjob.job.validation import load_model_adapters, load_model_table, load_table
-        from runjob.record.prediction import load_predictor
+        from safetensors.torch import load_model  # lazy: a run's end writes this model without importing safetensors
 
         host = load_plugins()
         job_file = folder / JOB_FILE
@@ -81,7 +85,7 @@ class TrainedModel:
         """Raw inputs (a DataFrame with the signature's columns) in, a DataFrame of what ``runjob
         predict`` writes out (without its ``input`` column); a model whose dataset gave no
         :class:`runjob.Inputs` takes the model's input tensors (an array) and returns its outputs."""
-        import torch
+        import torch  # lazy: a run's end writes this model without importing torch
 
         if self.predictor is None or self.predictor.inputs is None:
             values = np.asarray(model_input)
@@ -108,9 +112,6 @@ GENERATION_SETTINGS = ("max_new_tokens", "temperature", "seed")
 
 
 def _invalid(message: str) -> Exception:
-    from mlflow.exceptions import MlflowException
-    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
     return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
 
 
@@ -120,10 +121,6 @@ def signature_of(prediction: dict[str, Any] | None) -> ModelSignature | None:
     as parameters with ``runjob predict``'s defaults."""
     if not prediction:
         return None
-    from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
-
-    from runjob.record.prediction import GENERATION_DEFAULTS
 
     inputs = Schema([ColSpec(kind, name) for name, kind in prediction["inputs"].items()])
     outputs = prediction.get("outputs")
@@ -148,10 +145,6 @@ def save_trained_model(
     """Write the MLflow model of ``output_dir``'s final weights and job into ``folder``: with the
     run's predictor and signature when ``prediction`` describes them (``runjob.train.predictor``),
     and ``wheels`` (of distributions no index has) in ``folder/wheels``, named in the requirements."""
-    import logging
-
-    from runjob.record.store import environment
-
     paths = RunFolder(output_dir)
     requirements = [f"{WHEELS_FOLDER}/{wheel.name}" for wheel in wheels] + requirements
     logger = logging.getLogger("mlflow.pyfunc")
@@ -186,8 +179,6 @@ def save_trained_model(
 def _gather(paths: RunFolder, data: Path, with_predictor: bool) -> None:
     """The files the model loads from, laid out as the run's folder: the weights (a hard link where
     it can be), the job, the data's facts and files, and the predictor when it is saved."""
-    import os
-
     data.mkdir()
     try:
         os.link(paths.weights, data / WEIGHTS_FILE)
@@ -204,8 +195,6 @@ def _gather(paths: RunFolder, data: Path, with_predictor: bool) -> None:
 
 def _link_weights(weights: Path, copy: Path) -> None:
     """The model folder's copy of the weights, made a hard link to them: stored once on disk."""
-    import os
-
     if not copy.is_file():
         return
     partial = copy.with_suffix(".link")

@@ -101,7 +101,7 @@ def tracking_uri_and_source(explicit: str | None = None, setting: str = "trackin
         return explicit, setting
     if os.environ.get("MLFLOW_TRACKING_URI"):
         return os.environ["MLFLOW_TRACKING_URI"], "$MLFLOW_TRACKING_URI"
-    import mlflow
+    import mlflow  # lazy: the training process imports this module and never imports mlflow (record.mirror)
 
     return mlflow.get_tracking_uri(), "MLflow's default"
 

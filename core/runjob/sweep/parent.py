@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict, cast
 
+import tomli_w
+
 from runjob.errors import TrackingError, describe
+from runjob.host.output import screen
 from runjob.host.run_folder import RunFolder
-from runjob.job.redaction import redact_text
+from runjob.job.redaction import redact_tables, redact_text
 from runjob.job.schema import SweepRange, SweepTable
 from runjob.job.validation import ResolvedJob
 from runjob.record.command_run import CommandRun
 from runjob.record.invocation import pasteable
 from runjob.record.local import RUN_RECORD, read_metric_points
+from runjob.record.uri import default_experiment, resolve_tracking_uri
 from runjob.sweep.study import SweepStudy, job_values
 from runjob.sweep.sweep_folder import HISTORY_PLOT, IMPORTANCES_PLOT, TRIALS_FILE
 from runjob.sweep.worker import override
@@ -100,8 +104,6 @@ class ParentRun:
     def start(cls, job: ResolvedJob, params: dict[str, str], tags: dict[str, str], folder: Path) -> ParentRun:
         """Record the parent run in ``folder`` and create it in the job's experiment; a TrackingError
         when MLflow cannot create it (the trials are its children: they need its id)."""
-        from runjob.record.uri import default_experiment, resolve_tracking_uri
-
         uri = resolve_tracking_uri(job.tracking.uri)
         experiment = default_experiment(job.tracking, job.job.name)
         recorded = CommandRun.begin(folder, uri, experiment, f"{job.job.name}-sweep", params, tags)
@@ -187,10 +189,10 @@ class ParentRun:
                 self.recorded.log_artifact(plot)
             self.recorded.end(status)
         if not self.recorded.online:
-            print(
+            screen.each(
                 f"runjob: warning: MLflow did not take the sweep's parent run ({self.recorded.failure}); its record is "
                 f"complete in {folder}: upload it with `{pasteable('sync', folder)}`",
-                file=sys.stderr,
+                err=True,
             )
 
 
@@ -207,10 +209,6 @@ def best_trial_note(number: int, run_id: str, settings: list[str], metric: str |
 
 def _job_file_text(job: ResolvedJob) -> str:
     """The job file as written; where the job holds a secret, its tables with the secrets hidden."""
-    import tomli_w
-
-    from runjob.job.redaction import redact_tables
-
     hidden = redact_tables(job.source.data)
     return job.source.path.read_text(encoding="utf-8") if hidden == job.source.data else tomli_w.dumps(hidden)
 
@@ -221,7 +219,7 @@ def warn_if_mlflow_fails(what: str) -> Iterator[None]:
     try:
         yield
     except Exception as error:  # noqa: BLE001 - MLflow's errors have no common base worth naming
-        print(f"runjob: warning: could not record {what} to MLflow: {describe(error)}", file=sys.stderr)
+        screen.each(f"runjob: warning: could not record {what} to MLflow: {describe(error)}", err=True)
 
 
 def _last_intermediate(trial: FrozenTrial) -> float | None:
@@ -307,13 +305,14 @@ def save_plots(study: SweepStudy, folder: Path, importances: dict[str, float]) -
     if not any(t.state == study.states.COMPLETE for t in study.trials()):
         return []
     try:
-        import matplotlib
+        import matplotlib  # lazy: matplotlib and optuna's plots only when a sweep ends
 
         matplotlib.use("Agg")
+        # lazy: matplotlib and optuna's plots only when a sweep ends
         import matplotlib.pyplot as plt
         from optuna.visualization import matplotlib as views
     except ImportError as error:
-        print(f"runjob: note: no plots of the sweep ({error}): pip install matplotlib", file=sys.stderr)
+        screen.each(f"runjob: note: no plots of the sweep ({error}): pip install matplotlib", err=True)
         return []
     saved = []
     plots: list[tuple[str, Callable[[optuna.Study], Axes]]] = [(HISTORY_PLOT, views.plot_optimization_history)]
@@ -332,14 +331,12 @@ def save_plots(study: SweepStudy, folder: Path, importances: dict[str, float]) -
             plt.close(figure)
             saved.append(folder / name)
         except Exception as error:  # noqa: BLE001 - a plot is a convenience: never fail the sweep for it
-            print(f"runjob: warning: could not draw {name}: {describe(error)}", file=sys.stderr)
+            screen.each(f"runjob: warning: could not draw {name}: {describe(error)}", err=True)
     return saved
 
 
 @contextlib.contextmanager
 def _quiet_warnings() -> Iterator[None]:
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Optuna marks its matplotlib views experimental
         yield

@@ -20,11 +20,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runjob import __version__
 from runjob.errors import RunjobError, Terminated
-from runjob.job.redaction import redact_text
-from runjob.job.validation import ResolvedJob
+from runjob.host.output import screen
+from runjob.host.plugin_host import load_plugins
+from runjob.job.redaction import redact_override, redact_tables, redact_text
+from runjob.job.validation import ResolvedJob, load_resolved
+from runjob.record.invocation import command_prefix
+from runjob.record.logfile import LibraryLog
+from runjob.record.mlflow_writer import connect
+from runjob.record.outputs import choose_output_dir
+from runjob.record.uri import resolve_tracking_uri
+from runjob.sweep.checks import check_values
+from runjob.sweep.devices import cpu_cores, plan_workers, visible_gpus
+from runjob.sweep.parent import ParentRun, best_trial, overrides_of, same_sweep, sweep_params, trial_rows
+from runjob.sweep.study import (
+    FileLock,
+    SweepInfo,
+    SweepStudy,
+    budget_of,
+    import_optuna,
+    is_url,
+    make_sampler,
+    open_storage,
+    storage_of,
+)
 from runjob.sweep.sweep_folder import LOCK_FILE, OWNER_LOCK, SWEEP_FILE
-from runjob.sweep.worker import USER_MISTAKE_EXIT
+from runjob.sweep.worker import USER_MISTAKE_EXIT, Signals, Worker, start_child, toml_value, wait_for_previous
 from runjob.tags import (
     JOB_FILE_TAG,
     OUTPUT_DIR_TAG,
@@ -39,9 +61,7 @@ from runjob.tags import (
 )
 
 if TYPE_CHECKING:
-    from runjob.sweep.parent import ParentRun
-    from runjob.sweep.study import SweepInfo, SweepStudy
-    from runjob.sweep.worker import Child, Signals
+    from runjob.sweep.worker import Child
 
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 # set for the workers `runjob sweep` starts on its machine: "1" sends each trial's output to its folder
@@ -83,11 +103,6 @@ class SweepOrder:
 
 def load(job_file: Path, overrides: list[str]) -> ResolvedJob:
     """The job with its [sweep] table, every value checked, before anything is recorded."""
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.validation import load_resolved
-    from runjob.sweep.checks import check_values
-    from runjob.sweep.study import import_optuna, make_sampler
-
     host = load_plugins()
     job = load_resolved(job_file, overrides, host)
     if job.sweep is None:
@@ -110,9 +125,8 @@ def sweep(job: ResolvedJob, order: SweepOrder) -> int:
     (``--join``), or a stopped one continued (``--resume``). Exit 0 when at least one trial finished
     (a joining worker: when it ran its share), 1 when none did, 2 for a mistake in the job (a trial
     exiting with 2); a stop signal raises Terminated."""
+    # lazy: `runjob validate` of a sweep job imports this module, which must not load mlflow
     import mlflow  # noqa: F401 - its import sets its loggers' handlers: the library log below goes after it
-
-    from runjob.record.logfile import LibraryLog
 
     with LibraryLog("command"):  # MLflow's INFO lines (a new store's tables) are not the user's
         if order.join:
@@ -125,16 +139,11 @@ def sweep(job: ResolvedJob, order: SweepOrder) -> int:
 def plan(job: ResolvedJob, workers: int | None) -> list[dict[str, str]]:
     """What each worker here gets (its GPUs, its threads), checked against this machine before
     anything starts."""
-    from runjob.sweep.devices import cpu_cores, plan_workers, visible_gpus
-
     assert job.sweep is not None  # checked by load
     return plan_workers(workers, visible_gpus(), job.sweep.gpus_per_trial, job.launch.num_processes, cpu_cores())
 
 
 def _new(job: ResolvedJob, order: SweepOrder, folder: Path | None = None) -> int:
-    from runjob.record.outputs import choose_output_dir
-    from runjob.sweep.study import FileLock
-
     folder = folder or choose_output_dir(f"{job.job.name}-sweep", order.output_dir)
     if (folder / SWEEP_FILE).exists():
         raise RunjobError(
@@ -151,9 +160,6 @@ def _new(job: ResolvedJob, order: SweepOrder, folder: Path | None = None) -> int
 
 def _create(job: ResolvedJob, order: SweepOrder, folder: Path) -> tuple[SweepStudy, ParentRun]:
     """The sweep in ``folder``: its parent run, its study, ``sweep.json``. Under the folder's lock."""
-    from runjob.sweep.parent import ParentRun, sweep_params
-    from runjob.sweep.study import SweepInfo, SweepStudy, budget_of, storage_of
-
     sweep = job.sweep
     assert sweep is not None
     name = sweep.study or f"{job.job.name}-{folder.resolve().name}"
@@ -173,9 +179,6 @@ def _create(job: ResolvedJob, order: SweepOrder, folder: Path) -> tuple[SweepStu
 
 
 def _parent_tags(job: ResolvedJob, overrides: list[str], sweep_dir: Path) -> dict[str, str]:
-    from runjob import __version__
-    from runjob.job.redaction import redact_override, redact_tables
-
     return {
         **redact_tables(dict(job.tracking.tags)),
         SWEEP_TAG: "true",
@@ -188,9 +191,6 @@ def _parent_tags(job: ResolvedJob, overrides: list[str], sweep_dir: Path) -> dic
 
 def _open(job: ResolvedJob, folder: Path) -> tuple[SweepStudy, SweepInfo]:
     """The study of the sweep recorded in ``folder``; the job's sweep must be the recorded one."""
-    from runjob.sweep.parent import same_sweep, sweep_params
-    from runjob.sweep.study import SweepInfo, SweepStudy, budget_of, is_url
-
     sweep = job.sweep
     assert sweep is not None
     info = SweepInfo.read(folder)
@@ -217,11 +217,7 @@ def _open(job: ResolvedJob, folder: Path) -> tuple[SweepStudy, SweepInfo]:
 
 def _where(job: ResolvedJob, target: str, output_dir: Path | None) -> Path:
     """The sweep folder ``--join`` / ``--resume`` names: a folder, a parent run id, or a storage URL."""
-    from runjob.sweep.study import is_url
-
     if is_url(target):
-        from runjob.sweep.study import import_optuna, open_storage
-
         sweep = job.sweep
         assert sweep is not None
         if not sweep.study:
@@ -239,9 +235,6 @@ def _where(job: ResolvedJob, target: str, output_dir: Path | None) -> Path:
             raise RunjobError(f"sweep.study = {sweep.study!r}: its sweep folder is not recorded: give --output-dir")
         return output_dir or Path(recorded)
     if RUN_ID.match(target) and not Path(target).exists():
-        from runjob.record.mlflow_writer import connect
-        from runjob.record.uri import resolve_tracking_uri
-
         try:
             run = connect(resolve_tracking_uri(job.tracking.uri)).get_run(target)
         except Exception as error:  # noqa: BLE001 - MLflow's not-found error has no public type
@@ -255,8 +248,6 @@ def _where(job: ResolvedJob, target: str, output_dir: Path | None) -> Path:
 def _join(job: ResolvedJob, order: SweepOrder) -> int:
     """One more worker (or ``--workers`` more) on the sweep ``--join`` names; the first worker to
     reach an empty folder creates the sweep there and records it."""
-    from runjob.sweep.study import FileLock
-
     assert order.join is not None
     folder = _where(job, order.join, order.output_dir)
     folder.mkdir(parents=True, exist_ok=True)
@@ -268,7 +259,7 @@ def _join(job: ResolvedJob, order: SweepOrder) -> int:
             owner.acquire()
             study, parent = _create(job, order, folder)
     if owner is not None:
-        print(f"runjob: created the sweep in {folder} (MLflow parent run {parent.run_id})", flush=True)
+        screen.each(f"runjob: created the sweep in {folder} (MLflow parent run {parent.run_id})")
         return _coordinate(job, order, study, parent, started, in_process=len(order.worker_plans) == 1)
     study, info = _open(job, folder)
     if len(order.worker_plans) > 1:
@@ -278,10 +269,6 @@ def _join(job: ResolvedJob, order: SweepOrder) -> int:
 
 def _work_here(job: ResolvedJob, order: SweepOrder, study: SweepStudy, parent_run_id: str, started: float) -> int:
     """Run this process's share of the trials; then, when the sweep's owner is gone, record its end."""
-    from runjob.sweep.parent import ParentRun
-    from runjob.sweep.study import FileLock
-    from runjob.sweep.worker import Signals, Worker
-
     quiet = os.environ.get(QUIET_ENVIRONMENT) == "1"
     worker = Worker(study, job.source.path, list(order.overrides), parent_run_id, order.worker_plans[0], quiet=quiet)
     worker.command_line = order.command_line.main
@@ -295,13 +282,11 @@ def _work_here(job: ResolvedJob, order: SweepOrder, study: SweepStudy, parent_ru
     if not owner.acquire(blocking=False):
         if QUIET_ENVIRONMENT in os.environ:  # one of this machine's workers: the sweep's own lines say it all
             return 0
-        print(
-            f"runjob: sweep worker done: {len(outcomes)} trial(s) here; the sweep's owner records its end", flush=True
-        )
+        screen.each(f"runjob: sweep worker done: {len(outcomes)} trial(s) here; the sweep's owner records its end")
         return 0
     assert job.sweep is not None
     parent = ParentRun.reopen(study.folder, job.sweep.metric or "")
-    print(f"runjob: the sweep's owner is gone: this worker records its end (MLflow parent run {parent.run_id})")
+    screen.each(f"runjob: the sweep's owner is gone: this worker records its end (MLflow parent run {parent.run_id})")
     with Signals().active() as signals:
         _wait_elsewhere(study, parent, signals)
         return _finish(study, parent, started, signals, None, order.command_line.render)
@@ -309,10 +294,6 @@ def _work_here(job: ResolvedJob, order: SweepOrder, study: SweepStudy, parent_ru
 
 def _resume(job: ResolvedJob, order: SweepOrder) -> int:
     """Continue the stopped sweep in ``--resume``'s folder (``auto``: ``--output-dir``'s, or a new one)."""
-    from runjob.sweep.parent import ParentRun
-    from runjob.sweep.study import FileLock
-    from runjob.sweep.worker import wait_for_previous
-
     if order.resume == "auto":
         if order.output_dir is None:
             raise RunjobError(
@@ -332,12 +313,12 @@ def _resume(job: ResolvedJob, order: SweepOrder) -> int:
         )
     study, _ = _open(job, folder)
     if study.stopped():  # a trial's mistake stopped it: resuming says the job was put right
-        print(f"runjob: note: the sweep had stopped: {study.stopped()}; resuming it as asked", flush=True)
+        screen.each(f"runjob: note: the sweep had stopped: {study.stopped()}; resuming it as asked")
         study.study.set_user_attr(STOPPED_ATTR, "")
     wait_for_previous(study)
     assert job.sweep is not None
     parent = ParentRun.reopen(folder, job.sweep.metric or "")
-    print(f"runjob: resuming the sweep in {folder} (MLflow parent run {parent.run_id})", flush=True)
+    screen.each(f"runjob: resuming the sweep in {folder} (MLflow parent run {parent.run_id})")
     return _coordinate(job, order, study, parent, time.time())
 
 
@@ -353,8 +334,6 @@ def _coordinate(
 ) -> int:
     """Run the workers (here, or ``--workers`` processes), log the parent run as trials finish,
     wait for other machines' running trials, then record the end. ``parent`` None: not the owner."""
-    from runjob.sweep.worker import Signals, Worker
-
     sweep = job.sweep
     assert sweep is not None
     run_id = parent.run_id if parent is not None else parent_run_id
@@ -363,14 +342,13 @@ def _coordinate(
     devices = ", ".join(plan["CUDA_VISIBLE_DEVICES"] or "CPU" for plan in plans if "CUDA_VISIBLE_DEVICES" in plan)
     threads = plans[0].get("OMP_NUM_THREADS")
     how = f"GPUs {devices}" if devices and "CPU" not in devices else f"{threads} thread(s) each" if threads else ""
-    print(
+    screen.each(
         f"runjob: sweep of {study.budget} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}"
         + (f", pruner {sweep.pruner.name}" if sweep.pruner.name != "none" else "")
         + f": {len(plans)} worker(s) here"
         + (f" ({how})" if how else "")
         + f"; output in {study.folder}, MLflow parent run {run_id}; study {study.study.study_name!r} in "
-        + f"{redact_text(study.storage)}",
-        flush=True,
+        + f"{redact_text(study.storage)}"
     )
     code: int | None = None
     with Signals().active() as signals:
@@ -386,7 +364,7 @@ def _coordinate(
         except RunjobError as mistake:
             if parent is None:
                 raise
-            print(f"runjob: {mistake}", file=sys.stderr, flush=True)
+            screen.each(f"runjob: {mistake}", err=True)
             code = USER_MISTAKE_EXIT
         if parent is None:
             if signals.signum:
@@ -409,8 +387,6 @@ def _run_workers(
     the parent logged as their trials finish. A worker that dies (a crash, SIGKILL) leaves its trial
     interrupted: another is started in its place while trials are left, at most 3 times a slot.
     Returns 2 when a worker stopped the sweep for a mistake in the job, else None."""
-    from runjob.sweep.worker import start_child
-
     command = [sys.executable, "-m", "runjob", "sweep", str(job.source.path), "--join", str(study.folder)]
     command += [part for text in order.overrides for part in ("--set", text)]
     # their trials' output to the trials' folders when several share the terminal
@@ -436,7 +412,7 @@ def _run_workers(
                 continue
             restarts[slot] += 1
             said = f"code {code}" if code > 0 else f"signal {-code}"
-            print(f"runjob: warning: sweep worker {slot + 1} ended with {said}; starting another", file=sys.stderr)
+            screen.each(f"runjob: warning: sweep worker {slot + 1} ended with {said}; starting another", err=True)
             children[slot] = start(plans[slot])
         if all(child.poll() is not None for child in children):
             dead = [c.returncode not in (0, USER_MISTAKE_EXIT) for c in children]
@@ -460,7 +436,7 @@ def _wait_elsewhere(study: SweepStudy, parent: ParentRun, signals: Signals) -> N
         if not running:
             return
         if not said:
-            print(f"runjob: waiting for trial(s) {', '.join(map(str, running))} running on other workers", flush=True)
+            screen.each(f"runjob: waiting for trial(s) {', '.join(map(str, running))} running on other workers")
             said = True
         parent.progress(study)
         time.sleep(2.0)
@@ -486,7 +462,7 @@ def _finish(
     parent.finish(study, status, error)
     print_summary(study, started, render, stopped)
     if stopped:
-        print(
+        screen.each(
             f"runjob: the sweep stopped; continue it with `{_sweep_said()} {_job_said(study)} --resume {study.folder}`"
         )
         assert signum is not None
@@ -498,14 +474,10 @@ def _finish(
 
 def _sweep_said() -> str:
     """``runjob sweep``, started as this command was (``uv run runjob sweep``...), for pasting."""
-    from runjob.record.invocation import command_prefix
-
     return shlex.join([*command_prefix(), "sweep"])
 
 
 def _job_said(study: SweepStudy) -> str:
-    from runjob.sweep.study import SweepInfo
-
     info = SweepInfo.read(study.folder)
     return shlex.quote(info.job_file) if info else "JOB"
 
@@ -514,9 +486,6 @@ def print_summary(study: SweepStudy, started: float, render: Render, stopped: bo
     """How many trials finished, were pruned, failed, are interrupted; a table of them, the best
     marked ``*`` with its ``--set`` flags; the wall time and, when trials overlapped, how many ran at
     once on average."""
-    from runjob.sweep.parent import best_trial, overrides_of, trial_rows
-    from runjob.sweep.worker import toml_value
-
     rows = trial_rows(study)
     if not rows:
         return
@@ -533,7 +502,7 @@ def print_summary(study: SweepStudy, started: float, render: Render, stopped: bo
     spans = [(t.datetime_start, t.datetime_complete) for t in trials if t.datetime_start and t.datetime_complete]
     at_once = max((sum(a <= start < b for a, b in spans) for start, _ in spans), default=0)
     speed = f"; {busy / wall:.2f} trials at once on average" if at_once > 1 and wall > 0 else ""
-    print(f"runjob: sweep: {said} of {study.budget} trial(s) in {_clock(wall)}{speed}")
+    screen.each(f"runjob: sweep: {said} of {study.budget} trial(s) in {_clock(wall)}{speed}")
     keys = list(study.sweep.parameters)
     table = []
     for row in rows:
@@ -542,16 +511,16 @@ def print_summary(study: SweepStudy, started: float, render: Render, stopped: bo
         mark = "* " if best is not None and row["trial"] == best.number else "  "
         table.append([mark + str(row["trial"]), row["state"], value, *cells, row["run_id"] or ""])
     for line in render(["  trial", "state", metric, *keys, "run"], table, indent="  "):
-        print(line)
+        screen.each(line)
     if best is not None:
         flags = " ".join(f"--set {shlex.quote(text)}" for text in overrides_of(study, best))
         run = best.user_attrs.get(RUN_ID_ATTR, "")
-        print(f"runjob: best: trial {best.number}, {metric} {best.value:.4f} (run {run}): {flags}")
+        screen.each(f"runjob: best: trial {best.number}, {metric} {best.value:.4f} (run {run}): {flags}")
     for row in rows:
         if row.get("unsynced"):
-            print(f"runjob: warning: trial {row['trial']}: {row['unsynced']}")
+            screen.each(f"runjob: warning: trial {row['trial']}: {row['unsynced']}")
     if counts["interrupted"] and not stopped:  # a stopped sweep says how to go on anyway
-        print(
+        screen.each(
             f"runjob: {counts['interrupted']} trial(s) interrupted: `{_sweep_said()} {_job_said(study)} --resume "
             f"{study.folder}` resumes them"
         )

@@ -13,6 +13,7 @@ state.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import json
 import os
 import socket
@@ -47,6 +48,7 @@ Parameters: TypeAlias = "Mapping[str, list[JSONValue] | SweepRange]"
 def import_optuna(method: str) -> ModuleType:
     """Optuna, or a RunjobError saying how to install it."""
     try:
+        # lazy: the training process imports runjob.sweep.study (trials): optuna only when a study is opened
         import optuna
     except ImportError:
         raise RunjobError(
@@ -65,6 +67,7 @@ def open_storage(optuna: ModuleType, storage: str) -> BaseStorage:
     try:
         if is_url(storage):
             return cast("BaseStorage", optuna.storages.RDBStorage(storage))
+        # lazy: the training process imports runjob.sweep.study (trials): optuna only when a study is opened
         from optuna.storages.journal import JournalFileBackend
 
         return cast("BaseStorage", optuna.storages.JournalStorage(JournalFileBackend(storage)))
@@ -249,8 +252,6 @@ def optuna_params(parameters: Parameters, values: Mapping[str, object]) -> dict[
 
 def grid_points(parameters: Parameters) -> list[dict[str, object]]:
     """Every combination of the listed values, the last key varying fastest."""
-    import itertools
-
     keys = list(parameters)
     lists = [spec for spec in parameters.values() if isinstance(spec, list)]
     return [dict(zip(keys, values, strict=True)) for values in itertools.product(*lists)]

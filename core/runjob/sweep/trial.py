@@ -28,6 +28,7 @@ import pydantic
 from runjob.host.callback import Callback
 from runjob.sweep.study import import_optuna, make_pruner, open_storage
 from runjob.tags import SWEEP_PRUNED_TAG
+from runjob.train.launcher import is_worker
 from runjob.train.request import TrialContext
 
 if TYPE_CHECKING:
@@ -163,8 +164,6 @@ class SweepPruning(Callback):
 def trial_callbacks(trial: TrialContext | None) -> Mapping[str, Callback]:
     """The callbacks a sweep trial's run gets besides the job's own: its pruner (when the sweep has
     one) and, in the trial's own process (not one a launched trial started), its report."""
-    from runjob.train.launcher import is_worker
-
     if trial is None:
         return {}
     callbacks: dict[str, Callback] = {}

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from types import FrameType
 from typing import IO
 
 from runjob.errors import RunjobError
+from runjob.host.output import screen
 from runjob.record.local import RunRecord, last_values
 from runjob.record.sync import make_whole
 from runjob.sweep.study import Claim, FileLock, SweepStudy, this_worker
@@ -97,11 +99,12 @@ def preload(environment: dict[str, str]) -> bool:
     if sys.platform != "linux" or os.environ.get(FORK_ENVIRONMENT) == "0":
         return False
     os.environ.update(environment)
+    # lazy: importing these once, after the environment is set, is what this function is for
     import accelerate  # noqa: F401
     import mlflow  # noqa: F401
     import torch  # noqa: F401
 
-    import runjob.train.runner  # noqa: F401
+    import runjob.train.runner  # noqa: F401  # lazy: the loop's modules too, before forking
 
     return threading.active_count() == 1  # forking a process with threads may deadlock its child
 
@@ -144,8 +147,6 @@ class ForkedTrial:
         except SystemExit as stop:
             code = stop.code if isinstance(stop.code, int) else 1
         except BaseException:  # noqa: BLE001 - the trial's process ends here whatever happened
-            import traceback
-
             traceback.print_exc()
         finally:
             with contextlib.suppress(Exception):
@@ -297,7 +298,7 @@ class Worker:
         label = f"runjob: sweep trial {claim.number}: {shown(claim.values)}"
         where = claim.output_dir / CONSOLE_FILE if self.quiet else None
         doing = "resuming" if claim.resumed else "starting"
-        print(f"{label}: {doing} in {claim.output_dir}" + (f" (output in {where.name})" if where else ""), flush=True)
+        screen.each(f"{label}: {doing} in {claim.output_dir}" + (f" (output in {where.name})" if where else ""))
         assert claim.lock.fd is not None
         reading, writing = os.pipe()  # the trial's outcome comes back through it
         try:
@@ -329,15 +330,14 @@ class Worker:
             outcome.unsynced = make_whole(claim.output_dir)
         self._record(outcome)
         said = f"{study.sweep.metric} {outcome.value:.4f}" if outcome.value is not None else ""
-        print(
+        screen.each(
             f"{label} -> {outcome.state}"
             + f" {said}".rstrip()
             + (f" ({outcome.message})" if outcome.message and outcome.state != "pruned" else "")
-            + (f" (run {outcome.run_id})" if outcome.run_id else ""),
-            flush=True,
+            + (f" (run {outcome.run_id})" if outcome.run_id else "")
         )
         if outcome.unsynced:
-            print(f"{label}: warning: {outcome.unsynced}", flush=True)
+            screen.each(f"{label}: warning: {outcome.unsynced}")
         return outcome
 
     def _record(self, outcome: Outcome) -> None:
@@ -407,8 +407,6 @@ def wait_for_previous(study: SweepStudy, timeout: float = 300.0) -> None:
         if not busy:
             return
         if not said:
-            print(
-                f"runjob: waiting for trial(s) {', '.join(map(str, busy))} of the stopped sweep to stop ...", flush=True
-            )
+            screen.each(f"runjob: waiting for trial(s) {', '.join(map(str, busy))} of the stopped sweep to stop ...")
             said = True
         time.sleep(1.0)

@@ -7,10 +7,12 @@ is read or model built.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from runjob.errors import TrainingError
 from runjob.host.components import StrategyPlan
+from runjob.host.output import screen
 from runjob.job.plan import fp16_problem
 from runjob.tags import DEVICE_TAG, DISTRIBUTED_TYPE_TAG, MIXED_PRECISION_TAG, NUM_MACHINES_TAG, WORLD_SIZE_TAG
 from runjob.train.data_loading import pins_memory
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 
 def build_accelerator(job: ResolvedJob, plan: StrategyPlan) -> Accelerator:
     """An Accelerator with the job's precision, accumulation, seeded sampling and strategy objects."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch and accelerate load
+    # (train.entry)
     import torch
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, TorchDynamoPlugin
@@ -40,7 +44,7 @@ def build_accelerator(job: ResolvedJob, plan: StrategyPlan) -> Accelerator:
         else TorchDynamoPlugin(backend="no")
     )
     try:
-        return Accelerator(
+        accelerator = Accelerator(
             cpu=cpu,
             mixed_precision=job.train.mixed_precision,
             gradient_accumulation_steps=job.train.gradient_accumulation_steps,
@@ -57,6 +61,8 @@ def build_accelerator(job: ResolvedJob, plan: StrategyPlan) -> Accelerator:
         )
     except (ValueError, RuntimeError) as error:  # e.g. bf16 on a GPU without it
         raise TrainingError(f"train.mixed_precision / strategy: Accelerate refused the setup: {error}") from None
+    screen.set_main(accelerator.is_main_process)  # whose lines are said for the job, from now on
+    return accelerator
 
 
 def forget_accelerator() -> None:
@@ -68,10 +74,12 @@ def forget_accelerator() -> None:
     steps), or refuses with "AcceleratorState has already been initialized" when its precision or
     ``cpu`` differs. A run, and an evaluation of a finished run, call this when done with theirs, so
     that the next one in the process (a sweep's forked trial, a test, ``runjob evaluate``) starts clean."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before accelerate loads (train.entry)
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    screen.set_main(None)
 
 
 def check_setup(accelerator: Accelerator, job: ResolvedJob, plan: StrategyPlan) -> None:
@@ -119,7 +127,5 @@ def actual_setup(accelerator: Accelerator) -> dict[str, str]:
 
 def _machines(accelerator: Accelerator) -> int:
     """Machines in the job: processes divided by processes per machine (``LOCAL_WORLD_SIZE``)."""
-    import os
-
     per_machine = int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes) or 1)
     return max(1, int(accelerator.num_processes) // per_machine)

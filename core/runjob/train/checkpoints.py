@@ -17,6 +17,7 @@ of a file in the run's folder, which a run folder someone else wrote must never 
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from runjob.errors import RunjobError, describe
 from runjob.host.kinds import BY_NAME
+from runjob.host.run_context import named_models
 from runjob.host.run_folder import (
     ATTEMPTS_DIR,
     CALLBACKS_FILE,
@@ -72,6 +74,7 @@ def save_checkpoint(
 ) -> Path:
     """Write a checkpoint of ``run`` at ``position`` on every rank; returns its folder. The callbacks'
     states come through ``events``, the run's dispatcher, under its error policy."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
 
     accelerator = run.accelerator
@@ -133,14 +136,10 @@ def tidy_finished(output_dir: Path, keep: int) -> str | None:
 
 def same_bytes(a: Path, b: Path) -> bool:
     """Whether two files hold the same bytes (a hard link of one to the other, or equal contents)."""
-    import filecmp
-
     return a.samefile(b) or filecmp.cmp(a, b, shallow=False)
 
 
 def _same_weights(output_dir: Path, final: Path) -> list[Path]:
-    from runjob.host.run_context import named_models
-
     candidates = [output_dir / model.weights for model in named_models(output_dir).values()]  # best/ ...
     found = complete_checkpoints(output_dir)
     if found:
@@ -225,6 +224,7 @@ def load_checkpoint(run: Run, checkpoint: Path, events: Dispatcher) -> Position:
     """Restore model, optimizer, scheduler, RNG and sampler states; returns where to continue. The
     callbacks get theirs through ``events``, the run's dispatcher: a callback that fails to take its
     state is said as that callback's failure, not as a damaged checkpoint."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
 
     state = read_state(checkpoint)

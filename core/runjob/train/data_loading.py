@@ -33,6 +33,7 @@ def already_batched(batch: Batch) -> Batch:
 def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """Every image cropped at its own random offset from a zero-padded copy, in one gather: what
     ``RandomCrop(size, padding=padding)`` does image by image. Returns channels-last memory."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
     import torch.nn.functional as F
 
@@ -54,6 +55,7 @@ class BatchedImages:
     def __init__(
         self, split: ImageTensors, device: torch.device, seed: int, augment: bool, channels_last: bool = False
     ) -> None:
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         self.images = split.images.to(device)
@@ -74,6 +76,7 @@ class BatchedImages:
         return inputs[0], targets[0]
 
     def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         which = torch.tensor(indices)
@@ -108,6 +111,7 @@ def example_batch(split: Split, collate_fn: Collate | None = None) -> Batch:
     """A batch of the split's first item, twice, on the CPU, as the loop sees it (for logging the
     model: ``torch.export`` would fix a batch of one as a constant); ``collate_fn``: the dataset's."""
     if isinstance(split, ImageTensors):
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         return BatchedImages(split, torch.device("cpu"), seed=0, augment=False).__getitems__([0, 0])
@@ -151,6 +155,7 @@ def make_loaders(
 ) -> tuple[DataLoader[Sample], DataLoader[Sample], DataLoader[Sample] | None]:
     """Training (shuffled, seeded), validation and test (in order, every sample once) DataLoaders;
     the test loader is None when the dataset has no test split."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
     from torch.utils.data import DataLoader
 

@@ -12,14 +12,24 @@ and Accelerate's process-wide state it found.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runjob.errors import RunjobError
+from runjob.host.output import screen
+from runjob.host.plugin_host import disabled_plugins as default_disabled
+from runjob.host.plugin_host import load_plugins, local_plugins, using_local_plugins
+from runjob.job.schema import sweep_note
+from runjob.record.local import run_id_in
+from runjob.record.mirror import choose
 from runjob.tags import LOCAL_PLUGINS_TAG, SWEEP_TRIAL_TAG
+from runjob.train.checkpoints import complete_checkpoints, find_checkpoint
+from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
 from runjob.train.outcome import RunOutcome
+from runjob.train.request import Resume, RunRequest, output_folder, resolve_request_job
 from runjob.train.run_command import resume_command, run_arguments
+from runjob.train.runner import run_job
 
 __all__ = ["SWEEP_TRIAL_TAG", "RunOutcome", "parse_tags", "resume_command", "run", "run_arguments"]
 
@@ -28,7 +38,7 @@ if TYPE_CHECKING:
     from runjob.host.plugin_host import LocalPlugin, PluginHost
     from runjob.job.validation import ResolvedJob
     from runjob.record.messages import Recording
-    from runjob.train.request import Resume, TrialContext
+    from runjob.train.request import TrialContext
 
 
 def run(
@@ -67,8 +77,6 @@ def run(
     ``trial``: the sweep trial this run is (its values set in the job, its tags added); ``callbacks``:
     callbacks for this run besides the job's own (a sweep trial's, :mod:`runjob.sweep.trial`).
     """
-    from runjob.host.plugin_host import local_plugins, using_local_plugins
-
     local = local_plugins(plugins, label="plugins=")  # with $RUNJOB_PLUGINS' (-p): imported before anything runs
     with using_local_plugins(local):  # for every load of plugins of the run, in this process and the ones it starts
         return _run(
@@ -105,13 +113,6 @@ def _run(
     callbacks: Mapping[str, Callback] | None = None,
 ) -> RunOutcome:
     """:func:`run`, its ``local`` plugins imported and in place."""
-    from runjob.host.plugin_host import disabled_plugins as default_disabled
-    from runjob.host.plugin_host import load_plugins
-    from runjob.job.schema import sweep_note
-    from runjob.record.local import run_id_in
-    from runjob.train.launcher import adopt_slurm_environment, check_launched_as_asked, is_worker, launch_workers
-    from runjob.train.request import Resume, RunRequest, output_folder, resolve_request_job
-
     job_file = Path(job_file)
     disabled = dict(default_disabled() if disabled_plugins is None else disabled_plugins)
     tags = {**(trial.tags() if trial is not None else {}), **(tags or {})}
@@ -124,7 +125,6 @@ def _run(
     asked = Resume.parse(resume, job.train.resume)
     worker = is_worker()
     folder = output_folder(job.job.name, Path(output_dir) if output_dir is not None else None, asked, worker)
-    from runjob.record.mirror import choose
 
     request = RunRequest(job, folder, asked, tags, tracking_uri, disabled, choose(recording), trial, callbacks or {})
     launch = job.launch
@@ -132,14 +132,13 @@ def _run(
         check_launched_as_asked(launch)
     else:
         if job.sweep is not None and SWEEP_TRIAL_TAG not in tags:
-            print(f"runjob: {sweep_note('this trains the base job as written')}", file=sys.stderr)
-        print(first_line(job, folder, asked), flush=True)
+            screen.say(f"runjob: {sweep_note('this trains the base job as written')}", err=True)
+        screen.say(first_line(job, folder, asked))
         if launch.num_processes > 1 or launch.num_machines > 1:
             arguments = run_arguments(job_file, overrides, folder, asked, tags, tracking_uri, disabled, local)
             going_on = (job_file, list(overrides), tracking_uri)  # said if the workers are stopped
             code = launch_workers(launch, arguments, folder, job.train.stop_signal, going_on)
             return RunOutcome(code, folder, run_id_in(folder))
-    from runjob.train.runner import run_job
 
     return run_job(request, host)
 
@@ -148,8 +147,6 @@ def _in_process_only(job: ResolvedJob, local: Sequence[LocalPlugin], recording: 
     """Where the run records, given its local plugins: an object of this process (not a module with
     a file) reaches no other process, so the recording is a thread, and a job of several processes
     is refused, saying how to give the plugin instead."""
-    from runjob.errors import RunjobError
-
     objects = [plugin.given for plugin in local if plugin.kind == "object"]
     if not objects:
         return recording
@@ -171,9 +168,6 @@ def first_line(job: ResolvedJob, output_dir: Path, resume: Resume) -> str:
     """What the run will do and where its output goes: said before torch is imported (the time
     to the first line is the time to validate the job, well under a second). A ``--resume`` that
     names no checkpoint to continue from is refused first, so nothing is said of resuming."""
-    from runjob.errors import RunjobError
-    from runjob.train.checkpoints import complete_checkpoints, find_checkpoint
-
     if resume.mode == "checkpoint" and resume.checkpoint is not None and not resume.checkpoint.is_dir():
         what = "a file, not a checkpoint folder" if resume.checkpoint.is_file() else "no such folder"
         raise RunjobError(
@@ -200,8 +194,6 @@ def first_line(job: ResolvedJob, output_dir: Path, resume: Resume) -> str:
 
 def parse_tags(texts: Sequence[str]) -> dict[str, str]:
     """``["k=v", ...]`` from ``--tag`` into a dict; a text without ``=`` is a user's mistake."""
-    from runjob.errors import RunjobError
-
     tags = {}
     for text in texts:
         key, sep, value = text.partition("=")

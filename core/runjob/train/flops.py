@@ -18,7 +18,11 @@ When none works, one line says so and why, and ``train/tflops`` / ``train/mfu`` 
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING, cast
+
+from runjob.errors import describe
+from runjob.host.output import screen
 
 if TYPE_CHECKING:
     import torch
@@ -46,8 +50,6 @@ def model_flops_per_unit(model: torch.nn.Module, task: Task, batch: Batch) -> tu
     """FLOPs of one training step per unit of ``batch`` (what ``task.count`` counts) and how they
     were found (``"stated"``, ``"meta"``, ``"forward x3"``); ``(None, "")`` after one line saying why
     there is no count."""
-    from runjob.errors import describe
-
     plain = _unwrapped(model)
     units = task.count(batch)
     stated = getattr(plain, "training_flops", None)
@@ -79,10 +81,9 @@ def _forward_flops_per_unit(
 ) -> float | None:
     """3x the counted FLOPs of one real forward pass over ``batch`` in eval mode without
     gradients, per unit; ``None`` (and why in ``reasons``) when it cannot be counted."""
+    # lazy: `runjob validate` imports this module, which must not load torch
     import torch
     from torch.utils.flop_counter import FlopCounterMode
-
-    from runjob.errors import describe
 
     training = model.training
     model.eval()
@@ -107,9 +108,7 @@ def meta_model(model: torch.nn.Module, reasons: list[str] | None = None) -> torc
     original untouched); ``model`` is a built ``torch.nn.Module`` (a prepared one is unwrapped), or,
     as before, a function that builds one, called once under ``torch.device("meta")``. ``None``
     when no copy can be made, and a line says why (or, given ``reasons``, why is added to it)."""
-    import torch
-
-    from runjob.errors import describe
+    import torch  # lazy: `runjob validate` imports this module, which must not load torch
 
     try:
         if isinstance(model, torch.nn.Module):
@@ -128,7 +127,7 @@ def meta_model(model: torch.nn.Module, reasons: list[str] | None = None) -> torc
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside DistributedDataParallel / DataParallel / ``torch.compile`` wrappers (a
     model's own attribute named ``module`` is left alone)."""
-    import torch
+    import torch  # lazy: `runjob validate` imports this module, which must not load torch
 
     wrappers = (torch.nn.parallel.DistributedDataParallel, torch.nn.DataParallel)
     while True:
@@ -143,9 +142,7 @@ def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
 def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
     """``copy.deepcopy(model)`` where every parameter and buffer is replaced, in the memo, by an
     empty one of its shape, dtype and ``requires_grad`` on ``meta``: the weights are not copied."""
-    import copy
-
-    import torch
+    import torch  # lazy: `runjob validate` imports this module, which must not load torch
 
     memo: dict[int, object] = {}
     for tensor in [*model.parameters(), *model.buffers()]:  # each once, a shared one too
@@ -158,14 +155,8 @@ def _meta_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 def say_no_count(error: BaseException | str) -> None:
     """One line, on the first process: the model's FLOPs are not counted, and why."""
-    import os
-
-    from runjob.errors import describe
-
-    if os.environ.get("RANK", "0") != "0":
-        return
     why = error if isinstance(error, str) else describe(error)
-    print(f"runjob: the model's FLOPs were not counted (no train/tflops, train/mfu): {why}", flush=True)
+    screen.say(f"runjob: the model's FLOPs were not counted (no train/tflops, train/mfu): {why}")
 
 
 def training_flops_per_unit(
@@ -175,6 +166,7 @@ def training_flops_per_unit(
     samples, tokens), counted on a :func:`meta_model` fed a meta-device copy of the batch's shapes;
     ``None`` when the model cannot be counted (one line says why; given ``reasons``, why is added
     to it instead)."""
+    # lazy: `runjob validate` imports this module, which must not load torch and accelerate
     import torch
     from accelerate.utils import recursively_apply
     from torch.utils.flop_counter import FlopCounterMode
@@ -193,8 +185,6 @@ def training_flops_per_unit(
         if reasons is None:
             say_no_count(error)
         else:
-            from runjob.errors import describe
-
             reasons.append(f"the meta device: {describe(error)}")
         return None
     if not total or not units:
@@ -214,7 +204,7 @@ def peak_flops(device: torch.device, mixed_precision: str, configured_tflops: fl
         return configured_tflops * 1e12
     if device.type != "cuda" or mixed_precision not in ("bf16", "fp16"):
         return None
-    import torch
+    import torch  # lazy: `runjob validate` imports this module, which must not load torch
 
     name = torch.cuda.get_device_name(device)
     for fragment, tflops in PEAK_TFLOPS:

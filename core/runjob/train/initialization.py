@@ -20,6 +20,7 @@ from runjob.errors import JobError, Problem, RunjobError, describe
 from runjob.host.run_folder import MODELS_FILE, WEIGHTS_FILE, RunFolder
 from runjob.job.schema import RUNS_URI
 from runjob.record.local import RunRecord
+from runjob.record.store import download_artifact
 from runjob.tags import INIT_FROM_RUN_TAG, INIT_FROM_TAG
 
 if TYPE_CHECKING:
@@ -145,7 +146,6 @@ def fetch_source(value: str, tracking_uri: str | None, scratch: Path) -> Source:
     artifact = artifact or WEIGHTS_FILE
     if not artifact.endswith(".safetensors"):
         artifact = f"{artifact}/{WEIGHTS_FILE}"
-    from runjob.record.store import download_artifact
 
     where = f"cannot download {artifact} of MLflow run {run_id} from {tracking_uri}"
     try:
@@ -163,8 +163,6 @@ def _weights_named_by_record(tracking_uri: str | None, run_id: str, artifact: st
     """The weights of the model the run named (``run.add_model``: ``best`` for ``runs:/ID/best``),
     as its record of models, ``models.json``, says where MLflow holds them (the final
     ``model.safetensors`` when they are the same bytes, stored once)."""
-    from runjob.record.store import download_artifact
-
     name = artifact.removesuffix(f"/{WEIGHTS_FILE}")
     if name == artifact or not name:
         return None
@@ -182,6 +180,7 @@ def _weights_named_by_record(tracking_uri: str | None, run_id: str, artifact: st
 def init_from(model: torch.nn.Module, job: ResolvedJob, tracking_uri: str | None) -> tuple[str, dict[str, str]]:
     """Load ``model.init_from`` into ``model`` (strict: every name must match; a tensor of another
     shape keeps the model's fresh init). Returns the line to show and the lineage tags."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before safetensors loads (train.entry)
     from safetensors.torch import load_file
 
     value = job.model_setup.init_from
@@ -257,6 +256,7 @@ def freeze(model: torch.nn.Module, job: ResolvedJob) -> str | None:
 
 
 def _norm_types() -> tuple[type, ...]:
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch.nn as nn
 
     types: list[type] = [nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm]

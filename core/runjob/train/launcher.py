@@ -11,16 +11,19 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 from runjob.errors import RunjobError
+from runjob.host.output import screen
 from runjob.record.invocation import ENVIRONMENT as COMMAND_ENVIRONMENT
 from runjob.record.invocation import command_prefix
 from runjob.record.logfile import LibraryLog
 from runjob.record.mlflow_writer import close_failed_run
 from runjob.record.store import environment
+from runjob.train.checkpoints import complete_checkpoints
+from runjob.train.run_command import resume_command
+from runjob.train.stopping import StopSignals
 
 if TYPE_CHECKING:
     from runjob.job.schema import LaunchTable
@@ -124,11 +127,10 @@ def launch_workers(
     the copy ``uv run`` passes on turned a Ctrl-C into a second shutdown with SIGTERM, and a second
     Ctrl-C then left the workers running, in sessions of their own, after this process exited.
     """
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
-
-    from runjob.train.stopping import StopSignals
 
     arguments = torchrun_arguments(launch, run_arguments)
     # torchrun gives each of several workers one thread when OMP_NUM_THREADS is not set, and says so
@@ -136,10 +138,10 @@ def launch_workers(
     threads = ""
     if "OMP_NUM_THREADS" not in os.environ and launch.processes_per_machine > 1:
         threads = ", 1 thread each: set OMP_NUM_THREADS for more"
-    print(
+    screen.each(
         f"runjob: starting {launch.processes_per_machine} worker(s) on machine {launch.machine_rank} of "
         f"{launch.num_machines} (torch.distributed.run{threads})",
-        file=sys.stderr,
+        err=True,
     )
     ours = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, *([getattr(signal, stop_signal)] if stop_signal else [])]
 
@@ -165,7 +167,7 @@ def launch_workers(
         reason = f"worker rank {rank} exited with code {code}"
         if failure.exitcode < 0:
             reason += f" ({signal.Signals(-failure.exitcode).name})"
-        print(f"runjob: {reason}; the job was stopped", file=sys.stderr)
+        screen.each(f"runjob: {reason}; the job was stopped", err=True)
         if output_dir is not None:
             close_failed_run(output_dir, reason)
         return code or 1
@@ -175,7 +177,7 @@ def launch_workers(
 def _interrupt_workers() -> None:
     """A new Ctrl-C while the workers stop: pass it on (each worker leads a session of its own,
     with its DataLoader workers), so they stop at once."""
-    import psutil
+    import psutil  # lazy: only where a launch's processes are watched
 
     for child in psutil.Process().children():
         try:
@@ -186,16 +188,13 @@ def _interrupt_workers() -> None:
 
 
 def _say_stopped(sigval: signal.Signals, at_once: bool, output_dir: Path | None, going_on: GoingOn | None) -> None:
-    from runjob.train.checkpoints import complete_checkpoints
-    from runjob.train.run_command import resume_command
-
     how = (
         "at once by a second Ctrl-C" if at_once else f"by {sigval.name}; the workers were asked to checkpoint and stop"
     )
     found = complete_checkpoints(output_dir) if output_dir is not None else []
     newest = f"newest complete checkpoint {found[-1]}" if found else "no complete checkpoint was written"
-    print(f"runjob: stopped {how}; {newest}", file=sys.stderr)
+    screen.each(f"runjob: stopped {how}; {newest}", err=True)
     if going_on is not None and output_dir is not None:
         job_file, overrides, tracking_uri = going_on
         command = resume_command(job_file, overrides, output_dir, tracking_uri, afresh=not found)
-        print(f"runjob: to {'go on' if found else 'start again there'}: {command}", file=sys.stderr)
+        screen.each(f"runjob: to {'go on' if found else 'start again there'}: {command}", err=True)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 from runjob.errors import Terminated, TrainingError, first_line
 from runjob.host.events import Dispatcher, Event
+from runjob.host.output import screen
 from runjob.host.run_context import Clock, Run, StopFlag
 from runjob.train.checkpoints import Position, save_checkpoint
 
@@ -65,6 +66,8 @@ def shapes(batch: object) -> str:
 
 def channels_last(batch: Batch) -> Batch:
     """Every 4-D tensor of a batch (images) in channels-last memory; anything else as it is."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch and accelerate load
+    # (train.entry)
     import torch
     from accelerate.utils import recursively_apply
 
@@ -108,6 +111,7 @@ def first_loss(run: Run, batch: Batch) -> torch.Tensor:
 def evaluate(run: Run, loader: Iterable[Batch], prefix: str = "val") -> dict[str, float]:
     """The task's metrics over a whole split (``prefix/name``): every sample counted once on all
     processes (``gather_for_metrics``), sums kept on the device, read back once."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
 
     accelerator, model, task = run.accelerator, run.model, run.task
@@ -135,6 +139,7 @@ def add_up(
     """``task.evaluate`` of each ``(outputs, batch)`` of ``evaluated``, checked, gathered across
     processes (``gather``, none on one process) and summed over the samples on the device (float64):
     the totals and the number of samples. ``runjob.testing.evaluate_task`` calls it too."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
 
     totals: dict[str, torch.Tensor] = {}
@@ -169,6 +174,7 @@ def summarize_totals(
 ) -> dict[str, float]:
     """``task.summarize`` of the totals (read back in one device-to-host copy), checked against what
     ``options.metrics()`` declares, as ``prefix/name``: declared metrics first."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
 
     read: dict[str, object] = {}  # nested lists of numbers, as tolist() gives them
@@ -201,6 +207,7 @@ class NonFiniteGuard:
     step) and skips the optimizer step, counting it."""
 
     def __init__(self, mode: str, device: torch.device) -> None:
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         self.mode = mode
@@ -208,6 +215,7 @@ class NonFiniteGuard:
         self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
 
     def allows_step(self, step: int, loss: torch.Tensor, norm: torch.Tensor | None) -> bool:
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         if self.mode == "skip":  # the gradient norm is the same on every process: all skip together
@@ -250,11 +258,14 @@ class StopRequest(StopFlag):
         collective when there are several)."""
         if accelerator.num_processes == 1:
             return self.signum, bool(self.reason)
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         flags = torch.tensor([self.signum, int(bool(self.reason))], device=accelerator.device)
         signum, asked = accelerator.reduce(flags, reduction="max").tolist()
         if asked:  # once a run: every process learns the reason given, whichever process gave it
+            # lazy: `runjob JOB` says its first line and starts its recording process before accelerate loads
+            # (train.entry)
             from accelerate.utils import gather_object
 
             self.reason = next(reason for reason in gather_object([self.reason]) if reason)
@@ -359,6 +370,7 @@ class AccelerateWork:
         return len(self.run.train_loader)
 
     def start_epoch(self, epoch: int, skip: int) -> Iterable[Batch]:
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         loader = self.run.train_loader
@@ -372,6 +384,7 @@ class AccelerateWork:
         return loader  # type: ignore[no-any-return]
 
     def train_batch(self, batch: Batch, step: int, first: bool) -> tuple[torch.Tensor | float, bool]:
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         run, train = self.run, self.train
@@ -483,14 +496,15 @@ class TrainingLoop:
         return self.clock.epoch
 
     def _say(self, line: str) -> None:
-        if self.run.accelerator.is_main_process and not self.quiet:
-            print(line)
+        if not self.quiet:
+            screen.say(line)
 
     def checkpoint(self, position: Position) -> Path | None:
         return self.work.checkpoint(position)
 
     def fit(self) -> dict[str, float]:
         """Train for the whole schedule; returns the last metrics logged."""
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         try:
@@ -564,6 +578,7 @@ class TrainingLoop:
             raise StoppedEarly
 
     def _progress(self, epoch: int, skip: int) -> tqdm:
+        # lazy: `runjob JOB` says its first line and starts its recording process before tqdm loads (train.entry)
         from tqdm.auto import tqdm
 
         # train.max_steps may end the epoch early: the bar counts the batches this epoch will take
@@ -573,7 +588,7 @@ class TrainingLoop:
             initial=skip,
             desc=f"epoch {epoch + 1}/{self.schedule.epochs}",
             unit="batch",
-            disable=self.quiet or not self.run.accelerator.is_main_process,
+            disable=self.quiet or not screen.speaks,
             leave=False,
             dynamic_ncols=True,
             mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s
@@ -606,7 +621,7 @@ class TrainingLoop:
                     metrics = self._log()
                     progress.set_postfix(loss=f"{metrics['train/loss']:.4f}", refresh=False)
                 if settings.eval_every and step % settings.eval_every == 0:
-                    self._evaluate_within_epoch(epoch, progress)
+                    self._evaluate_within_epoch(epoch)
                     self._stop_if_asked(here)  # evaluation synchronized the processes anyway
                 if logged or self.run.accelerator.num_processes == 1:  # agreeing costs a sync: only where one happens
                     self._stop_if_asked(here)
@@ -622,12 +637,11 @@ class TrainingLoop:
             self.batches_done = batches_done
         return metrics
 
-    def _evaluate_within_epoch(self, epoch: int, progress: tqdm) -> None:
+    def _evaluate_within_epoch(self, epoch: int) -> None:
         """``train.eval_every``: evaluate now, and say so on its own line above the progress bar."""
         metrics = self._evaluate(epoch, f"train.eval_every = {self.settings.eval_every}")
-        if self.run.accelerator.is_main_process and not self.quiet:
-            shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
-            progress.write(f"step {self.step}/{self.schedule.total_steps}  {shown}")
+        shown = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+        self._say(f"step {self.step}/{self.schedule.total_steps}  {shown}")
 
     def _log(self) -> dict[str, float]:
         """Log the mean loss since the last log and the learning rate, with what the callbacks add

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runjob.host.components import Inputs
+from runjob.host.output import screen
 from runjob.host.task import generates
-from runjob.record.prediction import Predictor, column_types
+from runjob.record.prediction import Predictor, column_types, prediction_rows, samples_of
 from runjob.record.prediction import save_predictor as write_predictor
+from runjob.train.trained import sample_batch
 
 if TYPE_CHECKING:
     import torch
@@ -46,7 +48,6 @@ def save_predictor(
             f"dataset {job.dataset.name!r} gives no runjob.Inputs (DatasetSplits.inputs), so its preprocessing "
             "cannot travel in the model"
         )
-    from runjob.train.trained import sample_batch
 
     context: int | None = None
     outputs: dict[str, ColumnType] | None = None
@@ -66,20 +67,16 @@ def save_predictor(
             "building the dataset again"
         )
     if splits.collate is not None and type(inputs).collate is Inputs.collate:
-        print(
+        screen.say(
             f"runjob: dataset {job.dataset.name!r} batches with DatasetSplits.collate, but its inputs "
             f"({type(inputs).__qualname__}) define no collate: prediction from this run stacks encoded inputs "
-            "(a run keeps data, not the dataset's functions)",
-            flush=True,
+            "(a run keeps data, not the dataset's functions)"
         )
     return {"inputs": dict(inputs.columns), "outputs": outputs, "generates": generating}, None
 
 
 def _output_columns(model: torch.nn.Module, task: Task, splits: DatasetSplits) -> dict[str, ColumnType] | None:
     """The columns a prediction row has, from two validation samples through the trained model."""
-    from runjob.record.prediction import prediction_rows, samples_of
-    from runjob.train.trained import sample_batch
-
     samples = samples_of(task.inputs(sample_batch(splits.val, 2, splits.collate)))  # each as Inputs.encode gives one
     training = model.training
     model.eval()

@@ -12,10 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pydantic
+import tomli_w
 
 from runjob.errors import RunjobError
 from runjob.host.run_folder import RunFolder
+from runjob.job.jobfile import load_job, override_origin, split_dotted
+from runjob.job.validation import resolve
 from runjob.record.messages import Recording
+from runjob.record.outputs import choose_output_dir
 from runjob.tags import (
     PARENT_RUN_TAG,
     SWEEP_DEVICES_TAG,
@@ -78,8 +82,6 @@ def toml_value(value: Any) -> str:
     tomli-w writes documents, not values: a table as a document's value would be a ``[v]`` section,
     so the value goes in an array beside a number, where everything is written inline; with
     ``indent=0`` its only line breaks are an array's (a string's are escaped), joined here."""
-    import tomli_w
-
     document = tomli_w.dumps({"v": [value, 0]}, indent=0)
     inline = document.removeprefix("v = [\n").removesuffix(",\n0,\n]\n")
     return inline.replace("[\n", "[").replace(",\n]", "]").replace(",\n", ", ")
@@ -128,8 +130,6 @@ class TrialContext(pydantic.BaseModel):
     def apply(self, raw: RawJob) -> None:
         """Set each value in ``raw`` (its origin the value shown as a ``--set``), and list the values
         among ``raw``'s overrides, so the run's name and record show them as they show a ``--set``."""
-        from runjob.job.jobfile import override_origin, split_dotted
-
         for (key, value), text in zip(self.values.items(), self.shown(), strict=True):
             origin = override_origin(text)
             parts = split_dotted(key)
@@ -170,9 +170,6 @@ def resolve_request_job(
     job_file: Path, overrides: Sequence[str], trial: TrialContext | None, host: PluginHost
 ) -> ResolvedJob:
     """The job in ``job_file`` with ``overrides`` and, for a sweep trial, the trial's values; checked."""
-    from runjob.job.jobfile import load_job
-    from runjob.job.validation import resolve
-
     raw = load_job(job_file, list(overrides))
     if trial is not None:
         trial.apply(raw)
@@ -206,8 +203,6 @@ def output_folder(job_name: str, output_dir: Path | None, resume: Resume, launch
     checkpoint path without one, the run folder that holds it; for a new run without one,
     ``runs/<job name>/<UTC time>``. A new run never goes into a folder that holds one (checked
     unless ``launched``: the launcher that started this worker checked it)."""
-    from runjob.record.outputs import choose_output_dir
-
     if output_dir is None:
         if resume.mode == "checkpoint" and resume.checkpoint is not None:
             return RunFolder.of_checkpoint(resume.checkpoint).root

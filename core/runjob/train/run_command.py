@@ -13,6 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runjob.host.plugin_host import DISABLE_ENVIRONMENT, local_plugin_arguments
+from runjob.job.redaction import redact_override, redact_text
+from runjob.record.invocation import command_prefix
+
 if TYPE_CHECKING:
     from runjob.host.plugin_host import LocalPlugin
     from runjob.train.request import Resume
@@ -31,8 +35,6 @@ def run_arguments(
     """``run JOB --output-dir ... --set ... --tag ...``: the arguments of ``runjob`` that make a
     process of its own call :func:`run` with these values (launched workers, sweep trials); the
     local ``plugins`` (default ``$RUNJOB_PLUGINS``) as ``-p`` that loads them from any folder."""
-    from runjob.host.plugin_host import local_plugin_arguments
-
     arguments = ["run", str(job_file)]
     if output_dir is not None:
         arguments += ["--output-dir", str(output_dir)]
@@ -66,10 +68,6 @@ def resume_command(
     ``redacted``: secrets hidden, for the record (then it cannot be pasted as it is). ``disabled``:
     the plugins the run left out (default ``$RUNJOB_DISABLE_PLUGINS``); ``plugins``: its local
     plugins, as ``-p`` that loads them from any folder (default ``$RUNJOB_PLUGINS``)."""
-    from runjob.host.plugin_host import DISABLE_ENVIRONMENT, local_plugin_arguments
-    from runjob.job.redaction import redact_override, redact_text
-    from runjob.record.invocation import command_prefix
-
     start = [redact_text(word) if redacted else word for word in command_prefix()]  # uv run runjob, python -m runjob
     words = [*start, str(job_file), "--output-dir", str(output_dir), "--resume", *(["auto"] if afresh else [])]
     words += [part for override in overrides for part in ("--set", redact_override(override) if redacted else override)]

@@ -14,10 +14,12 @@ from runjob.errors import Terminated
 from runjob.host.callback import Callback
 from runjob.host.events import Dispatcher, Event
 from runjob.host.model_build import build_each
+from runjob.host.output import screen
 from runjob.host.plugin_host import PluginHost
 from runjob.host.run_context import Clock, Run, RunParts, dispatcher
 from runjob.job.validation import ResolvedJob
 from runjob.record.logfile import LibraryLog
+from runjob.record.mirror import discard_prestarted
 from runjob.record.recorder import Recorder
 from runjob.record.uri import HTTP_DEFAULTS
 from runjob.train.checkpoints import Position, load_checkpoint
@@ -67,8 +69,6 @@ def run_job(request: RunRequest, host: PluginHost) -> RunOutcome:
         with LibraryLog("train"):  # the libraries' chatter goes to OUTPUT_DIR/runjob.log
             return _session(request, host, stop)
     finally:
-        from runjob.record.mirror import discard_prestarted
-
         discard_prestarted()  # the run stopped before its record began
         listener.close()  # the signal handlers found are put back
         reset_accelerate(environment)
@@ -117,8 +117,8 @@ def _session(request: RunRequest, host: PluginHost, stop: StopRequest) -> RunOut
         _stop_sampler(sampler)
         finish(fitting.events if fitting is not None else None, recorder, accelerator, status, error)
     assert fitting is not None  # fitted: nothing was raised
-    if accelerator.is_main_process:
-        print("\n".join(summary(job, recorder, output_dir, fitting.loop, time.monotonic() - began)), flush=True)
+    if screen.speaks:  # the summary is read from the main process's record
+        screen.say(*summary(job, recorder, output_dir, fitting.loop, time.monotonic() - began))
     return RunOutcome(0, output_dir, run_id)
 
 

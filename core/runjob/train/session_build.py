@@ -4,15 +4,20 @@ Accelerator, the scheduler and the schedule (:class:`Built`)."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from runjob.host.components import Adapter, DataFacts, DatasetSplits
 from runjob.host.model_build import adapter_places, apply_adapters, build_model, make_adapters, takes_data
+from runjob.host.output import screen
 from runjob.host.task import Task
 from runjob.job.validation import ResolvedJob
 from runjob.record.uri import resolve_tracking_uri
+from runjob.train import initialization
+from runjob.train.data_loading import make_loaders
 from runjob.train.loop import Schedule, plan_schedule
+from runjob.train.trained import load_data
 
 if TYPE_CHECKING:
     import torch
@@ -52,10 +57,6 @@ def build(job: ResolvedJob, accelerator: Accelerator, tracking_uri: str | None, 
     ``resuming``: the checkpoint holds the weights), then gets its adapters
     (``[model.adapters.NAME]``), has ``model.freeze``'s parameters frozen, and its trainable
     parameters are handed to the optimizer's factory as param groups (``[optimizer] groups``)."""
-    from runjob.train import initialization
-    from runjob.train.data_loading import make_loaders
-    from runjob.train.trained import load_data
-
     with accelerator.main_process_first():  # one process downloads, the others read its copy
         splits, task = load_data(job)
     factory = job.model.component.factory
@@ -68,15 +69,14 @@ def build(job: ResolvedJob, accelerator: Accelerator, tracking_uri: str | None, 
         model = apply_adapters(model, adapters, adapter_places(job.adapters))
         said.append(f"adapters {', '.join(adapters)}: {next(iter(adapters.values())).trainable(model)}")
     if job.train.channels_last:
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         model = model.to(memory_format=torch.channels_last)
     said.append(initialization.freeze(model, job))
     groups, line = initialization.param_groups(model, job)
     said.append(line)
-    if accelerator.is_main_process:
-        for line in filter(None, said):
-            print(f"runjob: {line}", flush=True)
+    screen.say(*(f"runjob: {line}" for line in said if line))
     optimizer = job.optimizer.component.factory(groups, job.optimizer.options)
     train_loader, val_loader, test_loader = make_loaders(splits, job, accelerator)
     model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
@@ -105,8 +105,7 @@ def facts_of(splits: DatasetSplits) -> DataFacts:
     """The data's facts for a model factory that takes them, its first training sample read
     without moving a random generator (reading a sample may draw a random crop): the model's
     initialisation and the run's batches stay what they were."""
-    import random
-
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
 
     state = random.getstate()
@@ -121,11 +120,10 @@ def _start_from(
     job: ResolvedJob, accelerator: Accelerator, model: torch.nn.Module, tracking_uri: str | None
 ) -> tuple[str | None, dict[str, str]]:
     """``model.init_from``: load the weights it names into ``model``; the line to say and their lineage's tags."""
-    from runjob.train import initialization
-
     if job.model_setup.init_from is None:
         return None, {}
     if accelerator.num_processes > 1:  # only the main process's recorder knows it
+        # lazy: `runjob JOB` says its first line and starts its recording process before accelerate loads (train.entry)
         from accelerate.utils import broadcast_object_list
 
         tracking_uri = broadcast_object_list([tracking_uri])[0]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runjob.errors import ComponentError, Terminated, TrainingError, describe
+from runjob.errors import ComponentError, Interrupted, Terminated, TrainingError, describe
 from runjob.host.events import Dispatcher
+from runjob.host.output import screen
 from runjob.host.run_context import named_models
 from runjob.host.run_folder import RunFolder
 from runjob.job.validation import ResolvedJob
@@ -23,7 +23,8 @@ from runjob.train.accelerator import forget_accelerator
 from runjob.train.checkpoints import complete_checkpoints
 from runjob.train.loop import StopRequest, TrainingLoop
 from runjob.train.request import RunRequest
-from runjob.train.stopping import StopSignals, say, signal_name
+from runjob.train.run_command import resume_command
+from runjob.train.stopping import StopSignals, signal_name
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -39,12 +40,14 @@ def listen_for_stop(stop: StopRequest, extra_signal: str | None) -> StopSignals:
 
     def announce(signum: int) -> None:
         if signum == signal.SIGINT:
-            say("runjob: Ctrl-C: writing a checkpoint, then stopping; press Ctrl-C again to stop at once, without one")
+            screen.say(
+                "runjob: Ctrl-C: writing a checkpoint, then stopping; press Ctrl-C again to stop at once, without one",
+                err=True,
+            )
         else:
-            say(f"runjob: {signal_name(signum)}: writing a checkpoint, then stopping")
+            screen.say(f"runjob: {signal_name(signum)}: writing a checkpoint, then stopping", err=True)
 
-    main = int(os.environ.get("RANK", "0")) == 0  # said before the Accelerator exists
-    listener = StopSignals(_stop_signals(extra_signal), ask, announce=announce if main else None, again_raises=True)
+    listener = StopSignals(_stop_signals(extra_signal), ask, announce=announce, again_raises=True)
     return listener.open()
 
 
@@ -55,9 +58,6 @@ def how_to_go_on(
     line prints them), which are also recorded: the tag ``runjob.resume_command`` and a paragraph of
     the run's description. A stop signal's checkpoint is the one it wrote; after a second Ctrl-C, the
     newest complete one (none: the command starts the run again there)."""
-    from runjob.errors import Interrupted
-    from runjob.train.run_command import resume_command
-
     try:
         checkpoint = interrupt.checkpoint if isinstance(interrupt, Terminated) else None
         if checkpoint is None:
@@ -83,7 +83,7 @@ def how_to_go_on(
             logfile.note(line)  # in runjob.log too: the terminal's reader may be gone, and what it was shown with it
         return stopped
     except Exception as failure:  # noqa: BLE001 - saying how to go on must not hide the stop itself
-        print(f"runjob: cannot say how to go on: {describe(failure)}", file=sys.stderr)
+        screen.each(f"runjob: cannot say how to go on: {describe(failure)}", err=True)
         return interrupt
 
 
@@ -132,8 +132,7 @@ def finish(
     if isinstance(error, (TrainingError, ComponentError)) and error.__cause__ is not None:
         logfile.keep_traceback(str(error), error.__cause__)  # the terminal has the one line
     if events is not None:
-        for line in events.end(status, error):
-            print(f"runjob: {line}", file=sys.stderr)
+        screen.each(*(f"runjob: {line}" for line in events.end(status, error)), err=True)
         events.close(status, error)  # the record's listener closes it
     else:
         recorder.end(status, error)  # the record's listener was never on a dispatcher
@@ -143,6 +142,7 @@ def finish(
 
 def _destroy_process_group() -> None:
     # gloo jobs sometimes abort at interpreter exit when the group is left for atexit to clean up
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():

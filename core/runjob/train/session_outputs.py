@@ -7,12 +7,15 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from runjob.host.output import screen
 from runjob.host.plugin_host import PluginHost
 from runjob.host.run_context import NamedModel, named_models, save_weights, write_named_models
 from runjob.host.run_folder import ADAPTERS_DIR, PREDICTOR_DIR, WEIGHTS_FILE, RunFolder
 from runjob.job.validation import ResolvedJob
 from runjob.record.recorder import Recorder
 from runjob.train.checkpoints import same_bytes, tidy_finished
+from runjob.train.data_loading import example_batch
+from runjob.train.predictor import save_predictor
 from runjob.train.session_build import Built
 from runjob.train.session_prepare import Prepared
 
@@ -31,7 +34,7 @@ def save_outputs(recorder: Recorder, job: ResolvedJob, host: PluginHost, prepare
     _save_adapters(recorder, accelerator, built, output_dir)
     tidied = tidy_finished(output_dir, job.train.keep_checkpoints_finished)
     if tidied:
-        print(f"runjob: {tidied}")
+        screen.say(f"runjob: {tidied}")
     _record_outputs(recorder, job, output_dir, built, accelerator, host)
     _record_named_models(recorder, output_dir)
     recorder.model_logged()
@@ -45,21 +48,17 @@ def _record_outputs(
     ``weights`` model predicts through the run's predictor (the task and the dataset's fitted
     preprocessing, ``runjob.train.predictor``), or the end of the run says why it cannot."""
     if job.tracking.log_model == "weights":
-        from runjob.train.predictor import save_predictor
-
         prediction, why_not = save_predictor(
             job, accelerator, built.model, built.splits, built.task, output_dir, host, built.facts
         )
         if why_not:
-            print(f"runjob: {why_not}", flush=True)
+            screen.say(f"runjob: {why_not}")
         else:  # runjob predict runs:/ID reads it where the run's folder is not
             recorder.log_artifact(RunFolder(output_dir).predictor_dir, PREDICTOR_DIR)
         recorder.log_model(prediction=prediction)  # it holds model.safetensors: stored once in MLflow
         return
     recorder.log_artifact(RunFolder(output_dir).weights)
     if job.tracking.log_model != "none":
-        from runjob.train.data_loading import example_batch
-
         recorder.log_model(built.task.inputs(example_batch(built.splits.val, built.splits.collate)))
 
 

@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from runjob.errors import RunjobError
+from runjob.host.output import screen
 from runjob.host.run_folder import RunFolder
 from runjob.job.redaction import redact_tables
 from runjob.record import logfile
+from runjob.record.mlflow_writer import close_abandoned_run
 from runjob.train.accelerator import build_accelerator, check_setup
 from runjob.train.checkpoints import compare_jobs, complete_checkpoints, find_checkpoint, read_state, set_aside_attempt
 from runjob.train.request import Resume, RunRequest
@@ -38,6 +40,7 @@ def prepare(request: RunRequest) -> Prepared:
     """The Accelerator for the job's strategy; the checkpoint to continue from (``--resume auto``
     with none: the earlier attempt set aside, a new run); the folder with ``job.toml`` for a new
     run; the log file; the seed."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before accelerate loads (train.entry)
     from accelerate.utils import set_seed
 
     job = request.job
@@ -79,12 +82,10 @@ def _auto_resume(accelerator: Accelerator, output_dir: Path) -> bool:
     if complete_checkpoints(output_dir):
         return True
     if accelerator.is_main_process and RunFolder(output_dir).job_file.exists():
-        from runjob.record.mlflow_writer import close_abandoned_run
-
         kept = set_aside_attempt(output_dir)
         run_id = close_abandoned_run(kept, "killed before its first checkpoint; the same command started afresh")
         named = f" (MLflow run {run_id}, now marked KILLED)" if run_id else ""
-        print(
+        screen.say(
             f"runjob: --resume auto: no complete checkpoint in {output_dir}; the earlier attempt{named} is kept in "
             f"{kept}; starting afresh"
         )
@@ -96,6 +97,7 @@ def _same_on_all_processes(accelerator: Accelerator, output_dir: Path) -> Path:
     """The main process's choice (default folders are named by the time, which may differ)."""
     if accelerator.num_processes == 1:
         return output_dir
+    # lazy: `runjob JOB` says its first line and starts its recording process before accelerate loads (train.entry)
     from accelerate.utils import broadcast_object_list
 
     return Path(broadcast_object_list([str(output_dir)])[0])

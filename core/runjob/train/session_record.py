@@ -15,14 +15,17 @@ from typing import TYPE_CHECKING, Literal, cast
 
 import tomli_w
 
+from runjob import __version__
 from runjob.errors import DataError
 from runjob.host.events import Event, MetricsDestination
 from runjob.host.model_build import library_versions, write_facts
+from runjob.host.output import screen
 from runjob.host.plugin_host import PluginHost
 from runjob.host.run_folder import DATA_DIR, RunFolder
 from runjob.host.task import declared_metrics
 from runjob.job.redaction import redact_override, redact_tables
 from runjob.job.validation import ResolvedJob
+from runjob.record import mirror
 from runjob.record.messages import Recording
 from runjob.record.naming import recorded_params, run_name
 from runjob.record.provenance import dataset_lineage, git_tags, job_sources
@@ -63,10 +66,10 @@ if TYPE_CHECKING:
 def run_tags(
     job: ResolvedJob, host: PluginHost, accelerator: Accelerator, output_dir: Path, extra: dict[str, str]
 ) -> dict[str, str]:
+    # lazy: `runjob JOB` says its first line and starts its recording process before accelerate and torch load
+    # (train.entry)
     import accelerate
     import torch
-
-    from runjob import __version__
 
     tags = {
         VERSION_TAG: __version__,
@@ -111,8 +114,6 @@ def prestart_recording(job: ResolvedJob, recording: Recording) -> None:
     """Start the recording process before torch is imported, where this process will record
     (the main process; another machine's first, for its system metrics) in a process of its own:
     its MLflow import then overlaps this process's."""
-    from runjob.record import mirror
-
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     records = rank == 0 and (not job.tracking.offline or job.tracking.log_model != "none")
     if records or (local_rank == 0 and not job.tracking.offline):
@@ -160,6 +161,7 @@ def open_record(recorder: Recorder, accelerator: Accelerator, job: ResolvedJob, 
     recorder.opened()
     shared = [recorder.run_id, recorder.tracking_uri, recorder.record.start_time]
     if accelerator.num_processes > 1:
+        # lazy: `runjob JOB` says its first line and starts its recording process before accelerate loads (train.entry)
         from accelerate.utils import broadcast_object_list
 
         shared = broadcast_object_list(shared)
@@ -190,8 +192,6 @@ def system_metrics(
 def say_start(
     job: ResolvedJob, accelerator: Accelerator, recorder: Recorder, run_id: str | None, checkpoint: Path | None
 ) -> None:
-    if not accelerator.is_main_process:
-        return
     resumed = f", resuming {checkpoint.name}" if checkpoint is not None else ""
     where = (
         f", MLflow run {run_id}"
@@ -200,7 +200,7 @@ def say_start(
         if job.tracking.offline
         else ""
     )
-    print(f"runjob: {accelerator.num_processes} process(es) on {accelerator.device.type}{where}{resumed}")
+    screen.say(f"runjob: {accelerator.num_processes} process(es) on {accelerator.device.type}{where}{resumed}")
 
 
 class RecordListener(MetricsDestination):
@@ -244,7 +244,7 @@ class RecordListener(MetricsDestination):
         accelerator = prepared.accelerator
         recorder.log_input(dataset_lineage(job, built.splits), "training")
         _keep_data(recorder, accelerator, job, prepared.output_dir, built)
-        _record_baselines(recorder, accelerator, built.splits.baselines)
+        _record_baselines(recorder, built.splits.baselines)
         if built.lineage:
             recorder.set_tags(built.lineage)
         if prepared.checkpoint is not None:
@@ -278,11 +278,10 @@ def _keep_data(recorder: Recorder, accelerator: Accelerator, job: ResolvedJob, o
         recorder.set_tags(tags)
 
 
-def _record_baselines(recorder: Recorder, accelerator: Accelerator, baselines: dict[str, float]) -> None:
+def _record_baselines(recorder: Recorder, baselines: dict[str, float]) -> None:
     """The data's own reference values (``DatasetSplits.baselines``), tagged ``runjob.baseline.<name>``
     and said: as metrics they were the first a run logged, which mlflow ui's compare view opens on."""
     if not baselines:
         return
     recorder.set_tags({baseline_tag(name): f"{float(value):.6g}" for name, value in baselines.items()})
-    if accelerator.is_main_process:
-        print("runjob: the data's baselines: " + "  ".join(f"{k} {v:.4g}" for k, v in baselines.items()))
+    screen.say("runjob: the data's baselines: " + "  ".join(f"{k} {v:.4g}" for k, v in baselines.items()))

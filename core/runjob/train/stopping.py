@@ -22,7 +22,6 @@ import contextlib
 import os
 import select
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -181,16 +180,6 @@ class StopSignals:
         main = threading.main_thread().ident
         assert main is not None  # the main thread has started: this code runs after it
         signal.pthread_kill(main, signal.SIGINT)
-
-
-def say(line: str) -> None:
-    """Print ``line`` to stderr on a line of its own: through tqdm, which takes a progress bar that
-    may be half-way through a line out of the way first (and holds its lock, so the main thread's
-    bar never writes into the middle of it)."""
-    from tqdm.auto import tqdm
-
-    tqdm.write(line, file=sys.stderr)
-    sys.stderr.flush()
 
 
 def _forget_in_child() -> None:

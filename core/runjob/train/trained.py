@@ -26,10 +26,13 @@ from runjob.host.task import Task
 from runjob.job.jobfile import load_job as load_job_file
 from runjob.job.validation import ResolvedJob, resolve
 from runjob.record.local import RunRecord
+from runjob.record.prediction import collate, load_predictor, saved_any
 from runjob.record.store import download_artifact, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
 from runjob.tags import OUTPUT_DIR_TAG
 from runjob.train.accelerator import forget_accelerator
+from runjob.train.data_loading import BatchedImages, make_loaders
+from runjob.train.loop import evaluate
 
 if TYPE_CHECKING:
     import torch
@@ -154,8 +157,6 @@ def saved(run: TrainedRun, host: PluginHost, trust_pickle: bool = False) -> tupl
     """The run's job and the predictor it saved (``runjob.record.prediction.load_predictor``:
     rebuilt from data by the installed plugins), or ``(None, None)`` when it saved none. The
     job's dataset is not checked where the run kept its facts: its files need not be here."""
-    from runjob.record.prediction import load_predictor, saved_any
-
     if not saved_any(run.folder):
         return None, None
     job = load_job(run, [], host, data=not RunFolder(run.folder).data_facts.is_file())
@@ -178,6 +179,7 @@ def build_trained(
     """:func:`build_model`, and the job's adapters (to merge them for export). The model factory
     gets the facts the run saved in ``folder`` (``data_facts.json``); for a run from before they
     were saved, those of ``splits`` (or of the job's dataset, built for it)."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before safetensors loads (train.entry)
     from safetensors.torch import load_model
 
     facts = read_facts(folder) if folder is not None else None
@@ -209,6 +211,7 @@ def load_data(job: ResolvedJob) -> tuple[DatasetSplits, Task]:
 
 def best_device() -> torch.device:
     """CUDA when there is a GPU, else the CPU."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
 
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -218,6 +221,8 @@ def best_device() -> torch.device:
 def one_process_accelerator(job: ResolvedJob) -> Iterator[Accelerator]:
     """An Accelerator for this process alone, in the job's precision (fp16 only on a GPU), on the
     GPU when there is one (unless ``train.cpu``); Accelerate's process-wide state is forgotten after."""
+    # lazy: `runjob JOB` says its first line and starts its recording process before torch and accelerate load
+    # (train.entry)
     import torch
     from accelerate import Accelerator
 
@@ -232,9 +237,6 @@ def one_process_accelerator(job: ResolvedJob) -> Iterator[Accelerator]:
 def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, float]:
     """The task's metrics over the ``split`` ("val" or "test") with the run's final weights, as
     training evaluated it (``split/name``)."""
-    from runjob.train.data_loading import make_loaders
-    from runjob.train.loop import evaluate
-
     splits, task = load_data(job)
     if split == "test" and splits.test is None:
         raise RunjobError(
@@ -242,6 +244,7 @@ def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, f
         )
     model = build_model(job, run.model_file, run.folder, splits)
     if job.train.channels_last:
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         model = model.to(memory_format=torch.channels_last)
@@ -255,11 +258,9 @@ def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, f
 def sample_batch(split: Split, count: int = 8, collate_fn: Collate | None = None) -> Batch:
     """The first ``count`` samples of a split (fewer when it is smaller) as one batch on the CPU,
     as evaluation sees them (``collate_fn``: the dataset's ``DatasetSplits.collate``)."""
-    from runjob.record.prediction import collate
-    from runjob.train.data_loading import BatchedImages
-
     indices = list(range(min(count, len(split))))
     if isinstance(split, ImageTensors):
+        # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
         import torch
 
         return BatchedImages(split, torch.device("cpu"), seed=0, augment=False).__getitems__(indices)

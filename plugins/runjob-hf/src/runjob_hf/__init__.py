@@ -15,7 +15,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import runjob
+from runjob_hf.export import export_hf
 from runjob_hf.inputs import Prompts, Texts, Words
+from runjob_hf.models import build_hf_model
 from runjob_hf.options import (
     HFClassificationOptions,
     HFModelOptions,
@@ -31,32 +33,34 @@ __version__ = "0.1.0"
 
 
 def _build_model(options: HFModelOptions, data: runjob.DataFacts | None = None) -> PreTrainedModel:
-    from runjob_hf.models import build_hf_model
-
     return build_hf_model(options, data)
 
 
 def _build_text(options: HFTextOptions) -> runjob.DatasetSplits:
+    # lazy: runjob_hf.data imports torch and numpy; plugin modules are imported by `runjob validate`, which must not
+    # load them
     from runjob_hf.data import build_hf_text
 
     return build_hf_text(options)
 
 
 def _build_classification(options: HFClassificationOptions) -> runjob.DatasetSplits:
+    # lazy: runjob_hf.data imports torch and numpy; plugin modules are imported by `runjob validate`, which must not
+    # load them
     from runjob_hf.data import build_hf_classification
 
     return build_hf_classification(options)
 
 
 def _build_token_classification(options: HFTokenClassificationOptions) -> runjob.DatasetSplits:
+    # lazy: runjob_hf.data imports torch and numpy; plugin modules are imported by `runjob validate`, which must not
+    # load them
     from runjob_hf.data import build_hf_token_classification
 
     return build_hf_token_classification(options)
 
 
 def _export_hf(request: runjob.ExportRequest) -> str:
-    from runjob_hf.export import export_hf
-
     return export_hf(request)
 
 

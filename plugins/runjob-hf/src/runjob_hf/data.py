@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
 import runjob
 from runjob_hf.inputs import Prompts, Texts, Words
 from runjob_hf.options import (
@@ -31,13 +35,11 @@ from runjob_hf.options import (
 )
 from runjob_hf.tokenizing import LazyTokenizer, Vocabulary, vocabulary
 
-if TYPE_CHECKING:  # annotations only: loading plugins never imports torch, numpy or datasets
+if TYPE_CHECKING:  # annotations only: datasets is imported when a table is read
     from types import ModuleType
     from typing import TypeAlias
 
-    import numpy as np
     import numpy.typing as npt
-    import torch
     from datasets import Dataset  # datasets has no type information: the name is for the reader
 
     TableBatch: TypeAlias = dict[str, list[Any]]
@@ -64,7 +66,7 @@ def cache_root(options: HFDataOptions) -> Path:
 
 def _quiet_datasets() -> ModuleType:
     try:
-        import datasets
+        import datasets  # lazy: datasets (seconds to import) only when a table is read
     except ImportError:
         raise ValueError(
             "reading tables (and class_files) needs Hugging Face's datasets: pip install 'runjob-hf[datasets]'"
@@ -132,9 +134,6 @@ class Pad:
         self.pad_id = pad_id
 
     def __call__(self, items: list[Any]) -> Any:
-        import torch
-        from torch.utils.data import default_collate
-
         first = items[0]
         if isinstance(first, tuple):
             return (self([item[0] for item in items]), default_collate([item[1] for item in items]))
@@ -183,7 +182,7 @@ class TokenWindows:
     @property
     def tokens(self) -> npt.NDArray[np.int32]:
         if self._tokens is None:
-            import numpy as np
+            import numpy as np  # lazy: plugin modules are imported by `runjob validate`, which must not load numpy
 
             tokens: npt.NDArray[np.int32] = np.load(self.path, mmap_mode="r")
             self._tokens = tokens
@@ -196,9 +195,6 @@ class TokenWindows:
         return len(self.starts)
 
     def __getitem__(self, index: int) -> torch.Tensor | dict[str, torch.Tensor]:
-        import numpy as np
-        import torch
-
         if not -len(self) <= index < len(self):
             raise IndexError(f"window {index} out of range ({len(self)} windows)")
         start, length = int(self.starts[index]), int(self.lengths[index])
@@ -207,8 +203,6 @@ class TokenWindows:
 
     def targets(self) -> npt.NDArray[np.int32]:
         """Every token this split's windows predict (numpy)."""
-        import numpy as np
-
         return np.concatenate([self.tokens[s + 1 : s + n] for s, n in zip(self.starts, self.lengths, strict=True)])
 
 
@@ -217,8 +211,6 @@ def _windows(
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """Window starts and lengths over a flat array of ``total`` tokens whose documents have the
     lengths ``documents`` (each beginning with its end-of-text token)."""
-    import numpy as np
-
     if packing:
         count = max(0, (total - 1) // context)
         return np.arange(count, dtype=np.int64) * context, np.full(count, context + 1, dtype=np.int64)
@@ -238,8 +230,6 @@ def _windows(
 
 def _save_tokens(path: Path, pieces: Callable[[], Iterator[npt.NDArray[np.generic]]], total: int) -> None:
     """Write the token pieces (numpy int arrays, in order) as one int32 ``.npy`` of ``total`` tokens."""
-    import numpy as np
-
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     array = np.lib.format.open_memmap(partial, mode="w+", dtype=np.int32, shape=(total,))
@@ -314,8 +304,6 @@ class _EncodeDocuments:
 
 def build_hf_text(options: HFTextOptions) -> runjob.DatasetSplits:
     """Text as token windows for language modelling."""
-    import numpy as np
-
     cache = cache_root(options)
     documents: dict[str, Any] = {}
     if options.file_format() == "text":
@@ -422,8 +410,6 @@ def build_hf_text(options: HFTextOptions) -> runjob.DatasetSplits:
 def _unigram_perplexity(train: TokenWindows, val: TokenWindows, size: int) -> float:
     """exp of the cross-entropy of the validation targets under the training tokens' frequencies
     (add-one smoothed): the perplexity of a model that ignores the context."""
-    import numpy as np
-
     counts = np.bincount(np.asarray(train.tokens), minlength=size).astype(np.float64)
     log_probs = np.log((counts + 1) / (counts.sum() + size))
     return float(math.exp(-log_probs[val.targets()].mean()))
@@ -468,8 +454,6 @@ class _TokenizedRows:
 
     def _row(self, index: int) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         """The row at ``index`` and its ``{"input_ids", "attention_mask"}`` tensors."""
-        import torch
-
         row = self.hf[int(index)]
         ids = torch.tensor(row["input_ids"], dtype=torch.long)
         return row, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -479,8 +463,6 @@ class EncodedRows(_TokenizedRows):
     """Items ``({"input_ids", "attention_mask"}, label)``."""
 
     def __getitem__(self, index: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        import torch
-
         row, inputs = self._row(index)
         return inputs, torch.tensor(row["target"], dtype=torch.long)
 
@@ -616,8 +598,6 @@ class TaggedRows(_TokenizedRows):
     """Items ``{"input_ids", "attention_mask", "labels"}`` (labels -100 where nothing is scored)."""
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        import torch
-
         row, inputs = self._row(index)
         return {**inputs, "labels": torch.tensor(row["labels"], dtype=torch.long)}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from runjob_hf.tokenizing import Vocabulary
+from runjob_hf.tokenizing import Vocabulary, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -22,7 +22,6 @@ def _vocabulary(request: ExportRequest) -> Vocabulary | None:
     path = (request.artifacts or {}).get("tokenizer.json")
     if path is None:
         return None
-    from runjob_hf.tokenizing import load_tokenizer
 
     return load_tokenizer(str(path), None)
 
@@ -51,6 +50,7 @@ def export_hf(request: ExportRequest) -> str:
             if value is not None:
                 setattr(config, key, value)
     config.use_cache = True  # for generation by whoever loads it
+    # lazy: plugin modules are imported by `runjob validate`, which must not load transformers
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # type: ignore[no-untyped-call]

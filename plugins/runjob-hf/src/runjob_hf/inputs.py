@@ -105,6 +105,7 @@ class _TextInputs(runjob.Inputs):
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as error:
             raise ValueError(f"tokenizer: cannot read {path} ({getattr(error, 'strerror', None) or error})") from None
+        # lazy: plugin modules are imported by `runjob validate`, which must not load tokenizers
         from tokenizers import Tokenizer
 
         try:
@@ -164,7 +165,7 @@ class _TextInputs(runjob.Inputs):
     def _padded(self, ids: list[int], **more: list[int]) -> dict[str, torch.Tensor]:
         """``ids`` cut and padded to ``max_length``, with its attention mask (the same length for
         every input, so any batch of them stacks)."""
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         ids = ids[: self.max_length]
         pad = self.max_length - len(ids)
@@ -196,7 +197,7 @@ class Prompts(_TextInputs):
         return prompts
 
     def encode(self, record: dict[str, object]) -> torch.Tensor:
-        import torch
+        import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
         ids = self.tokenizer.encode(self._text(record), add_special_tokens=False).ids
         start = [self.vocabulary.eos_id] if self.vocabulary.eos_id is not None else []

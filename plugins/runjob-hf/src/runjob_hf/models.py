@@ -20,7 +20,7 @@ _CAUSAL = ("AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForSeq2SeqL
 
 def auto_class(name: str) -> Any:
     """The transformers auto class called ``name``, or a ValueError listing what there is."""
-    import transformers
+    import transformers  # lazy: plugin modules are imported by `runjob validate`, which must not load transformers
 
     found = getattr(transformers, name, None)
     if found is None or not hasattr(found, "from_config"):
@@ -72,7 +72,7 @@ def label_settings(options: HFModelOptions, data: DataFacts | None, given: set[s
 
 
 def _dtype(options: HFModelOptions) -> torch.dtype | str:
-    import torch
+    import torch  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     return "auto" if options.dtype == "auto" else cast("torch.dtype", getattr(torch, options.dtype))
 
@@ -80,7 +80,7 @@ def _dtype(options: HFModelOptions) -> torch.dtype | str:
 def build_hf_model(options: HFModelOptions, data: DataFacts | None = None) -> PreTrainedModel:
     """The transformers model the options name, its data-decided settings from ``data`` (the
     dataset's ``runjob.DataFacts``), ``use_cache`` off (training)."""
-    import transformers
+    import transformers  # lazy: plugin modules are imported by `runjob validate`, which must not load transformers
 
     # "Loading weights": runjob's terminal keeps its own lines (transformers leaves this function unannotated)
     transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -123,6 +123,7 @@ def build_hf_model(options: HFModelOptions, data: DataFacts | None = None) -> Pr
         except OSError as error:
             if looks_local(options.model):
                 raise ValueError(f"model folder {options.model}: {str(error).splitlines()[0]}") from None
+            # lazy: plugin modules are imported by `runjob validate`, which must not load huggingface_hub
             from huggingface_hub import constants
 
             revision = f" (revision {options.revision})" if options.revision else ""

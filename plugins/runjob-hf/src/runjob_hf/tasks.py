@@ -3,6 +3,7 @@ the labels say (-100: a word's later sub-tokens, special tokens, padding are nev
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -51,6 +52,7 @@ class TokenClassification(runjob.Task):
         return cast("torch.Tensor", super().targets(batch))
 
     def loss(self, outputs: object, batch: object) -> torch.Tensor:
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         import torch.nn.functional as F
 
         logits: torch.Tensor = self.logits_of(outputs)
@@ -75,6 +77,7 @@ class TokenClassification(runjob.Task):
             )
 
     def evaluate(self, outputs: object, batch: object) -> dict[str, torch.Tensor]:
+        # lazy: plugin modules are imported by `runjob validate`, which must not load torch
         import torch.nn.functional as F
 
         logits, labels = self.logits_of(outputs).float(), self.targets(batch)
@@ -116,8 +119,6 @@ class BitsPerByte(runjob.Callback):
             raise ValueError("bits_per_byte needs the dataset hf_text (it knows the validation text's bytes)")
 
     def on_evaluation(self, run: runjob.Run, step: int, epoch: int, metrics: Mapping[str, float]) -> None:
-        import math
-
         loss = metrics.get("val/loss")
         if loss is not None and self.tokens_per_byte:
             run.log({"val/bits_per_byte": loss * self.tokens_per_byte / math.log(2)})

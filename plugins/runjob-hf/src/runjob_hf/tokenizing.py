@@ -48,6 +48,7 @@ class LazyTokenizer:
 
     def get(self) -> Tokenizer:
         if self._tokenizer is None:
+            # lazy: plugin modules are imported by `runjob validate`, which must not load tokenizers
             from tokenizers import Tokenizer
 
             tokenizer = Tokenizer.from_str(self.json)
@@ -76,6 +77,7 @@ class Vocabulary:
     def tokenizer(self) -> Tokenizer:
         """The ``tokenizers.Tokenizer`` (built once; left out of a copy made for a DataLoader worker)."""
         if self._tokenizer is None:
+            # lazy: plugin modules are imported by `runjob validate`, which must not load tokenizers
             from tokenizers import Tokenizer
 
             self._tokenizer = Tokenizer.from_str(self.json)
@@ -104,6 +106,7 @@ class Vocabulary:
 
     def pretrained(self) -> PreTrainedTokenizerFast:
         """A transformers ``PreTrainedTokenizerFast`` of this tokenizer (for ``save_pretrained``)."""
+        # lazy: plugin modules are imported by `runjob validate`, which must not load transformers
         from transformers import PreTrainedTokenizerFast
 
         return PreTrainedTokenizerFast(tokenizer_object=self.tokenizer, **self.special)  # type: ignore[no-untyped-call]
@@ -136,9 +139,11 @@ def _from_backend(backend: Tokenizer, special: dict[str, str]) -> Vocabulary:
 def load_tokenizer(name: str, revision: str | None) -> Vocabulary:
     """A tokenizer from a ``tokenizer.json`` file, a local folder or the Hugging Face cache."""
     if name.endswith(".json") and os.path.isfile(name):
+        # lazy: plugin modules are imported by `runjob validate`, which must not load tokenizers
         from tokenizers import Tokenizer
 
         return _from_backend(Tokenizer.from_file(name), {})
+    # lazy: plugin modules are imported by `runjob validate`, which must not load transformers
     from transformers import AutoTokenizer
 
     try:
@@ -167,6 +172,7 @@ _OFFLINE = (
 
 
 def _hub_cache() -> str:
+    # lazy: plugin modules are imported by `runjob validate`, which must not load huggingface_hub
     from huggingface_hub import constants
 
     return str(constants.HF_HUB_CACHE)
@@ -182,6 +188,7 @@ def train_tokenizer(
     path = cache / "tokenizers" / f"trained-{key}.json"
     if path.exists():
         return _trained(path.read_text(encoding="utf-8"), purpose)
+    # lazy: plugin modules are imported by `runjob validate`, which must not load tokenizers
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     specials = [END_OF_TEXT, PAD] if purpose == "lm" else [BERT_PAD, UNK, CLS, SEP, MASK]
@@ -226,6 +233,7 @@ def train_tokenizer(
 
 
 def _trained(text: str, purpose: str) -> Vocabulary:
+    # lazy: plugin modules are imported by `runjob validate`, which must not load tokenizers
     from tokenizers import Tokenizer
 
     if purpose == "lm":

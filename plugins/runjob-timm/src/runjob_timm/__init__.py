@@ -11,13 +11,14 @@ them. Importing this module imports neither torch nor timm: the factory does.
 
 from __future__ import annotations
 
-import os
+import difflib
 import warnings
 from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator
 
 import runjob
+from runjob_timm.pretrained import find_weights
 
 if TYPE_CHECKING:  # annotations only: loading plugins never imports torch or timm
     import torch
@@ -46,7 +47,7 @@ def check_arch(value: str) -> str:
             f"{value!r}: give a timm architecture name (arch or arch.tag), not a hub or folder reference; "
             "its weights come from the local cache with pretrained = true"
         )
-    from runjob_timm import names  # here, so that `python -m runjob_timm.names` runs it fresh
+    from runjob_timm import names  # lazy: here, so that `python -m runjob_timm.names` runs it fresh
 
     arch, dot, tag = value.partition(".")
     listed = names.known()
@@ -71,8 +72,6 @@ def check_arch(value: str) -> str:
         )
     tags = listed.tags[arch]
     if dot and tag not in tags:
-        import difflib
-
         hint = _choices(difflib.get_close_matches(tag, tags, n=2, cutoff=0.5))
         said = f"its tags: {', '.join(tags)}" if tags else "it has no pretrained weights"
         if other_timm:
@@ -125,8 +124,7 @@ class TimmOptions(runjob.Options):
 def _timm_name_error(arch: str) -> ValueError | None:
     """A ValueError saying what is wrong with ``arch`` (``name`` or ``name.tag``) for the installed
     timm, or None when timm builds it."""
-    import difflib
-
+    # lazy: plugin modules are imported by `runjob validate`, which must not load timm
     import timm
     from timm.models import get_deprecated_models
 
@@ -147,7 +145,7 @@ def _timm_name_error(arch: str) -> ValueError | None:
 def _create(arch: str, img_size: int | None, img_size_given: bool, **kwargs: Any) -> torch.nn.Module:
     """``timm.create_model``, with ``img_size`` when there is one; an ``img_size`` from the data is
     left out for architectures that take none (convolutional networks)."""
-    import timm
+    import timm  # lazy: plugin modules are imported by `runjob validate`, which must not load timm
 
     if img_size is None:
         return timm.create_model(arch, **kwargs)
@@ -181,13 +179,11 @@ def build_timm(options: TimmOptions, data: runjob.DataFacts | None = None) -> to
         kwargs["drop_rate"] = options.drop_rate
     weights = None
     if options.pretrained:
-        from runjob_timm.pretrained import find_weights
-
         weights = find_weights(options.arch)
         kwargs.update(pretrained=True, pretrained_cfg_overlay={"file": str(weights.path)})
     model = _create(options.arch, img_size, options.img_size is not None, **kwargs)
-    if weights is not None and os.environ.get("RANK", "0") == "0":  # one line for the job, not one per process
-        print(f"runjob: model.pretrained: timm {options.arch} from {weights.path} ({weights.checked})", flush=True)
+    if weights is not None:  # one line for the job, not one per process
+        runjob.say(f"runjob: model.pretrained: timm {options.arch} from {weights.path} ({weights.checked})")
     return model
 
 

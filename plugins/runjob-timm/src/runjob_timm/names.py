@@ -93,6 +93,7 @@ def render(version: str, architectures: list[str], pretrained: list[str], deprec
 
 def from_timm() -> str:
     """The list as the installed timm gives it (imports timm)."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load timm
     import timm
     from timm.models import get_deprecated_models
 

@@ -57,7 +57,7 @@ def hub_cache() -> Path:
 
 def torch_checkpoints() -> Path:
     """``$TORCH_HOME/hub/checkpoints``, where torch.hub and timm keep weights downloaded from a URL."""
-    import torch.hub
+    import torch.hub  # lazy: plugin modules are imported by `runjob validate`, which must not load torch
 
     return Path(torch.hub.get_dir()) / "checkpoints"
 
@@ -110,6 +110,7 @@ def check_blob(path: Path, what: str) -> str:
 
 def find_on_hub_cache(arch: str, cfg: dict[str, Any]) -> Weights:
     """The cached hub file of ``arch``'s weights (``cfg``: its timm pretrained config)."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load huggingface_hub
     from huggingface_hub import try_to_load_from_cache
 
     hub_id = cfg["hf_hub_id"]
@@ -159,6 +160,7 @@ def find_in_torch_cache(arch: str, url: str) -> Weights:
 def find_weights(arch: str) -> Weights:
     """The local file of timm's pretrained weights for ``arch`` (``name`` or ``name.tag``); a
     RunjobError naming what to place where when they are not there, or when timm has none."""
+    # lazy: plugin modules are imported by `runjob validate`, which must not load timm
     from timm.models import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(arch)
