@@ -46,7 +46,15 @@ from runjob.sweep.study import (
     storage_of,
 )
 from runjob.sweep.sweep_folder import LOCK_FILE, OWNER_LOCK, SWEEP_FILE
-from runjob.sweep.worker import USER_MISTAKE_EXIT, Signals, Worker, start_child, toml_value, wait_for_previous
+from runjob.sweep.worker import (
+    USER_MISTAKE_EXIT,
+    Signals,
+    Worker,
+    preload,
+    start_child,
+    toml_value,
+    wait_for_previous,
+)
 from runjob.tags import (
     JOB_FILE_TAG,
     OUTPUT_DIR_TAG,
@@ -154,8 +162,18 @@ def _new(job: ResolvedJob, order: SweepOrder, folder: Path | None = None) -> int
     owner = FileLock(folder / OWNER_LOCK)
     owner.acquire()
     with FileLock(folder / LOCK_FILE):
-        study, parent = _create(job, order, folder)
-    return _coordinate(job, order, study, parent, time.time())
+        # The workers start now, importing torch and the rest while this process records the parent
+        # run: they wait for this lock before they open the sweep, which is created by then.
+        workers = [_start_worker(job, order, folder, plan) for plan in order.worker_plans]
+        try:
+            study, parent = _create(job, order, folder)
+        except BaseException:
+            for child in workers:  # no sweep: gone before the lock is free, so none creates one
+                child.kill()
+                child.wait()
+            raise
+        _announce(job, order, study, parent.run_id)  # before a worker, free to go on, says a trial
+    return _coordinate(job, order, study, parent, time.time(), workers=workers)
 
 
 def _create(job: ResolvedJob, order: SweepOrder, folder: Path) -> tuple[SweepStudy, ParentRun]:
@@ -250,6 +268,9 @@ def _join(job: ResolvedJob, order: SweepOrder) -> int:
     reach an empty folder creates the sweep there and records it."""
     assert order.join is not None
     folder = _where(job, order.join, order.output_dir)
+    if QUIET_ENVIRONMENT in os.environ and len(order.worker_plans) == 1:
+        # a worker `runjob sweep` started here: import what its trials need while the sweep is created
+        preload(order.worker_plans[0])
     folder.mkdir(parents=True, exist_ok=True)
     started = time.time()
     owner: FileLock | None = None
@@ -331,26 +352,19 @@ def _coordinate(
     *,
     in_process: bool = False,
     parent_run_id: str | None = None,
+    workers: list[Child] | None = None,
 ) -> int:
     """Run the workers (here, or ``--workers`` processes), log the parent run as trials finish,
-    wait for other machines' running trials, then record the end. ``parent`` None: not the owner."""
+    wait for other machines' running trials, then record the end. ``parent`` None: not the owner;
+    ``workers``: the worker processes already started, the sweep announced (:func:`_new`)."""
     sweep = job.sweep
     assert sweep is not None
     run_id = parent.run_id if parent is not None else parent_run_id
     assert run_id is not None
-    plans = order.worker_plans
-    devices = ", ".join(plan["CUDA_VISIBLE_DEVICES"] or "CPU" for plan in plans if "CUDA_VISIBLE_DEVICES" in plan)
-    threads = plans[0].get("OMP_NUM_THREADS")
-    how = f"GPUs {devices}" if devices and "CPU" not in devices else f"{threads} thread(s) each" if threads else ""
-    screen.each(
-        f"runjob: sweep of {study.budget} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}"
-        + (f", pruner {sweep.pruner.name}" if sweep.pruner.name != "none" else "")
-        + f": {len(plans)} worker(s) here"
-        + (f" ({how})" if how else "")
-        + f"; output in {study.folder}, MLflow parent run {run_id}; study {study.study.study_name!r} in "
-        + f"{redact_text(study.storage)}"
-    )
+    if workers is None:
+        _announce(job, order, study, run_id)
     code: int | None = None
+    plans = order.worker_plans
     with Signals().active() as signals:
         try:
             if in_process:
@@ -360,7 +374,7 @@ def _coordinate(
                     worker.after_trial = lambda outcome: parent.progress(study)
                 worker.run(signals)
             else:
-                code = _run_workers(job, order, study, parent, plans, signals)
+                code = _run_workers(job, order, study, parent, plans, signals, workers)
         except RunjobError as mistake:
             if parent is None:
                 raise
@@ -375,6 +389,24 @@ def _coordinate(
         return _finish(study, parent, started, signals, code, order.command_line.render)
 
 
+def _announce(job: ResolvedJob, order: SweepOrder, study: SweepStudy, run_id: str) -> None:
+    """The sweep's first line: its trials, its method, its workers here, where it is recorded."""
+    sweep = job.sweep
+    assert sweep is not None
+    plans = order.worker_plans
+    devices = ", ".join(plan["CUDA_VISIBLE_DEVICES"] or "CPU" for plan in plans if "CUDA_VISIBLE_DEVICES" in plan)
+    threads = plans[0].get("OMP_NUM_THREADS")
+    how = f"GPUs {devices}" if devices and "CPU" not in devices else f"{threads} thread(s) each" if threads else ""
+    screen.each(
+        f"runjob: sweep of {study.budget} trial(s), {sweep.method}, {sweep.direction} {sweep.metric}"
+        + (f", pruner {sweep.pruner.name}" if sweep.pruner.name != "none" else "")
+        + f": {len(plans)} worker(s) here"
+        + (f" ({how})" if how else "")
+        + f"; output in {study.folder}, MLflow parent run {run_id}; study {study.study.study_name!r} in "
+        + f"{redact_text(study.storage)}"
+    )
+
+
 def _run_workers(
     job: ResolvedJob,
     order: SweepOrder,
@@ -382,22 +414,22 @@ def _run_workers(
     parent: ParentRun | None,
     plans: list[dict[str, str]],
     signals: Signals,
+    started: list[Child] | None = None,
 ) -> int | None:
-    """``len(plans)`` worker processes, each ``runjob sweep JOB --join FOLDER`` with its devices;
-    the parent logged as their trials finish. A worker that dies (a crash, SIGKILL) leaves its trial
-    interrupted: another is started in its place while trials are left, at most 3 times a slot.
-    Returns 2 when a worker stopped the sweep for a mistake in the job, else None."""
-    command = [sys.executable, "-m", "runjob", "sweep", str(job.source.path), "--join", str(study.folder)]
-    command += [part for text in order.overrides for part in ("--set", text)]
-    # their trials' output to the trials' folders when several share the terminal
-    quiet = {QUIET_ENVIRONMENT: "1" if len(plans) > 1 else "0"}
+    """``len(plans)`` worker processes (``started``: those already running), each ``runjob sweep
+    JOB --join FOLDER`` with its devices; the parent logged as their trials finish. A worker that
+    dies (a crash, SIGKILL) leaves its trial interrupted: another is started in its place while
+    trials are left, at most 3 times a slot. Returns 2 when a worker stopped the sweep for a
+    mistake in the job, else None."""
 
     def start(plan: dict[str, str]) -> Child:
-        child = start_child(command, {**os.environ, **plan, **quiet})
+        child = _start_worker(job, order, study.folder, plan)
         signals.watch(child)
         return child
 
-    children = [start(plan) for plan in plans]
+    children = started or [_start_worker(job, order, study.folder, plan) for plan in plans]
+    for child in children:
+        signals.watch(child)
     restarts = [0] * len(plans)
     mistake = False
     while True:
@@ -421,6 +453,15 @@ def _run_workers(
                 break
         time.sleep(1.0)
     return USER_MISTAKE_EXIT if mistake and not signals.signum else None
+
+
+def _start_worker(job: ResolvedJob, order: SweepOrder, folder: Path, plan: dict[str, str]) -> Child:
+    """A worker process on this machine: ``runjob sweep JOB --join FOLDER`` with its devices or threads."""
+    command = [sys.executable, "-m", "runjob", "sweep", str(job.source.path), "--join", str(folder)]
+    command += [part for text in order.overrides for part in ("--set", text)]
+    # their trials' output to the trials' folders when several share the terminal
+    quiet = {QUIET_ENVIRONMENT: "1" if len(order.worker_plans) > 1 else "0"}
+    return start_child(command, {**os.environ, **plan, **quiet})
 
 
 def _budget_left(study: SweepStudy) -> bool:
