@@ -256,6 +256,7 @@ offline = true
 """
 
 
+@pytest.mark.slow
 def test_compiled_channels_last_fused_cudnn_benchmark_run_trains_saves_and_resumes(runjob_tester):
     import torch
     from safetensors.torch import load_file

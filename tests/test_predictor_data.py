@@ -481,6 +481,7 @@ UNKEPT_JOB = """
 """
 
 
+@pytest.mark.slow
 def test_a_run_whose_inputs_no_plugin_registers_finishes_and_predict_builds_the_dataset(runjob_tester, capfd):
     import torch
 

@@ -100,6 +100,7 @@ def test_every_message_survives_the_pipe_and_a_wrong_one_names_its_kind():
     assert math.isnan(odd.points[0].value)  # a NaN loss is recorded as one, not as null
 
 
+@pytest.mark.slow
 def test_a_run_in_a_process_that_imported_mlflow_records_in_its_own_process_when_asked(runjob_tester, monkeypatch):
     """MLflow is imported here, so by default a run would record in a thread: ``recording="process"``
     runs the production recording process (``python -m runjob.record.mirror``) all the same, and
@@ -143,6 +144,7 @@ def _digits_job(tester, name: str, extra: str = ""):
     return load_resolved(path, [], load_plugins())
 
 
+@pytest.mark.slow
 def test_an_evaluation_recorded_while_the_server_is_down_is_restored_by_sync(runjob_tester, empty_mlflow_db):
     from runjob.commands.evaluate import record_evaluation
     from runjob.errors import TrackingError

@@ -414,7 +414,7 @@ def test_rerun_hands_the_run_entry_the_job_tags_and_store(store, capsys, tmp_pat
         seen.update(options, job_file=job_file, overrides=overrides, text=Path(job_file).read_text())
         return RunOutcome(0, options["output_dir"])
 
-    monkeypatch.setattr("runjob.train.entry.run", fake_run)
+    monkeypatch.setattr("runjob.commands.rerun.run", fake_run)  # the command calls the entry it imported
     code, _, err = _cli(
         capsys,
         "rerun",

@@ -4,6 +4,7 @@ a model missing from the cache reported in one line."""
 import subprocess
 import sys
 
+import pytest
 from corpora import TINY_GPT2, write_corpus
 
 
@@ -65,6 +66,7 @@ def test_options_are_checked_against_the_job_file(runjob_tester):
     assert "Traceback" not in both.stderr + nothing.stderr
 
 
+@pytest.mark.slow
 def test_a_model_missing_from_the_cache_is_one_line_naming_it_and_the_cache(runjob_tester):
     write_corpus(runjob_tester.path / "corpus", files=3, lines=4)
     runjob_tester.write_job("job.toml", JOB)

@@ -12,6 +12,7 @@ QUICK = """
 """
 
 
+@pytest.mark.slow
 def test_a_timm_convnext_learns_the_digits_and_exports_to_onnx(tester):
     import timm
 
