@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["runjob.testing", "pytester"]  # pytester: the kit's own tests run pytest inside
+# pytester: the kit's own tests run pytest inside; s3_server: moto's S3 server and a bucket (tests/s3_server.py)
+pytest_plugins = ["runjob.testing", "pytester", "s3_server"]
 
 # Two xdist workers share two cores, and each test's torch would start a thread a core (four busy
 # threads on two cores spin: shared/TRAPS.md). One torch thread in this process and in every

@@ -990,3 +990,399 @@ def test_sweep_recipes_are_documented(sweep_manifest):
     args = [str(word) for word in sweep_container(sweep_manifest["Job"])["args"]]
     for override in sweep_overrides(args):
         assert override in readme, override
+
+
+# ---------------------------------------------------------------------------------------------
+# The object-store variants: k8s/pytorchjob-s3.yaml and slurm/train-s3.sbatch read a streamed
+# dataset's shards from s3:// or gs:// (credentials from a Secret / the environment), not a volume
+
+PYTORCHJOB_S3 = CONTAINERS / "k8s" / "pytorchjob-s3.yaml"
+SBATCH_S3 = CONTAINERS / "slurm" / "train-s3.sbatch"
+STREAMED_JOB = "jobs/digits_streamed.toml"
+CREDENTIAL_VARIABLES = {
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_PROFILE",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+}
+K8S_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+@pytest.fixture(scope="module")
+def pytorchjob_s3():
+    return yaml.safe_load(PYTORCHJOB_S3.read_text())
+
+
+def k8s_bytes(quantity) -> int:
+    """A Kubernetes quantity of bytes (``20Gi``, ``8G``, ``500M``)."""
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T)?", str(quantity))
+    assert match, f"not a quantity of bytes: {quantity!r}"
+    return int(match.group(1)) * K8S_UNITS[match.group(2) or ""]
+
+
+def set_values(words: list[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` flags (two words each) as KEY -> VALUE, the last one winning, as runjob applies them."""
+    values = {}
+    for flag, value in zip(words, words[1:], strict=False):
+        if flag == "--set":
+            key, _, text = value.partition("=")
+            values[key] = text
+    return values
+
+
+def expanded_command(pytorchjob: dict, replica_name: str) -> list[str]:
+    """A replica's command and args with Kubernetes' $(VAR) expansion, as the operator's environment
+    (see test_pytorchjob_command_is_torchrun_of_runjob_with_the_operator_environment) and the
+    container's literal env values make them."""
+    spec = pytorchjob["spec"]
+    replicas = spec["pytorchReplicaSpecs"]
+    rank = sorted(replicas).index(replica_name)
+    container = pytorch_container(replicas[replica_name])
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "pytorchjob-port"]
+    env = {
+        "PET_NNODES": str(sum(r["replicas"] for r in replicas.values())),
+        "PET_NPROC_PER_NODE": spec["nprocPerNode"],
+        "PET_NODE_RANK": str(rank),
+        "MASTER_ADDR": f"{pytorchjob['metadata']['name']}-master-0",
+        "MASTER_PORT": str(port),
+        "PYTORCHJOB_NAME": pytorchjob["metadata"]["name"],
+    }
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    words = [str(w) for w in (*container.get("command", []), *container.get("args", []))]
+    unknown = set(re.findall(r"\$\((\w+)\)", " ".join(words))) - set(env)
+    assert not unknown, f"Kubernetes leaves an unknown $(VAR) as is: {unknown}"
+    return [expand(word, env) for word in words]
+
+
+def secret_line(text: str) -> list[str]:
+    """The documented ``kubectl create secret generic runjob-s3 ...`` line, split."""
+    lines = [line.lstrip("#").strip() for line in text.splitlines()]
+    (line,) = [line for line in lines if line.startswith("kubectl create secret generic runjob-s3 ")]
+    return shlex.split(line)
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        test_pytorchjob_has_a_master_and_workers_with_the_same_image,
+        test_pytorchjob_pods_get_gpus_shared_memory_and_the_tracking_server,
+    ],
+    ids=["master-and-workers", "gpus-shm-tracking"],
+)
+def test_pytorchjob_s3_passes_the_checks_of_pytorchjob(pytorchjob_s3, check):
+    check(pytorchjob_s3)
+
+
+def test_pytorchjob_s3_is_pytorchjob_with_another_data_source(pytorchjob, pytorchjob_s3):
+    """The same image, processes, launch, user, ports, shared memory and runs' claim as
+    k8s/pytorchjob.yaml; only where the data comes from differs."""
+    assert pytorchjob_s3["metadata"]["name"] != pytorchjob["metadata"]["name"], "two jobs that can run side by side"
+    for key in ("nprocPerNode", "runPolicy"):
+        assert pytorchjob_s3["spec"][key] == pytorchjob["spec"][key], key
+    for name, replica in pytorchjob_s3["spec"]["pytorchReplicaSpecs"].items():
+        original = pytorchjob["spec"]["pytorchReplicaSpecs"][name]
+        assert replica["replicas"] == original["replicas"] and replica["restartPolicy"] == original["restartPolicy"]
+        pod, original_pod = replica["template"]["spec"], original["template"]["spec"]
+        assert pod["securityContext"] == original_pod["securityContext"], name
+        container, original_container = pytorch_container(replica), pytorch_container(original)
+        for key in ("image", "command", "ports"):
+            assert container[key] == original_container[key], (name, key)
+        assert container["resources"]["limits"] == original_container["resources"]["limits"], name
+        # torchrun's own options, then `-m runjob`
+        launch = container["args"][: container["args"].index("runjob") + 1]
+        assert launch == original_container["args"][: len(launch)], name
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        original_volumes = {v["name"]: v for v in original_pod["volumes"]}
+        for path in ("/dev/shm", "/workspace/runs"):
+            (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == path]
+            (original_mount,) = [m for m in original_container["volumeMounts"] if m["mountPath"] == path]
+            assert mount == original_mount and volumes[mount["name"]] == original_volumes[original_mount["name"]], path
+
+
+def test_pytorchjob_s3_reads_the_shards_from_the_object_store_and_no_data_volume(pytorchjob_s3):
+    from runjob.host.streams import parse_location
+
+    for name, replica in pytorchjob_s3["spec"]["pytorchReplicaSpecs"].items():
+        pod = replica["template"]["spec"]
+        container = pytorch_container(replica)
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v]
+        assert claims == ["runjob-runs"], f"{name}: the run's folder is the only claim: {claims}"
+        assert not [m for m in container["volumeMounts"] if m["mountPath"].startswith("/workspace/data")], name
+        expanded = expanded_command(pytorchjob_s3, name)
+        args = parse_torchrun(expanded[1:])
+        assert args.module and args.training_script == "runjob"
+        job, *rest = args.training_script_args
+        assert job == STREAMED_JOB
+        # the same folder after a restart, on the claim every pod mounts, as in pytorchjob.yaml
+        assert rest[:2] == [f"--output-dir=runs/{pytorchjob_s3['metadata']['name']}", "--resume=auto"]
+        (runs,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/workspace/runs"]
+        assert not runs.get("readOnly")
+        # the location: the container's RUNJOB_DATA, put in place by Kubernetes, read by runjob as a string
+        overrides = set_values(rest)
+        assert "dataset.download" not in overrides
+        (data,) = [e["value"] for e in container["env"] if e["name"] == "RUNJOB_DATA"]
+        assert "dataset.location=$(RUNJOB_DATA)" in [str(w) for w in container["args"]]
+        assert overrides["dataset.location"] == data
+        assert parse_location(data).scheme == "s3", data
+
+
+def test_pytorchjob_s3_takes_credentials_only_from_the_secret(pytorchjob_s3):
+    from runjob.host.streams import ENDPOINT_VARIABLES
+
+    text = PYTORCHJOB_S3.read_text()
+    assert "AWS_EC2_METADATA_DISABLED" not in text, "instance roles (IRSA, node roles) must keep working"
+    for name, replica in pytorchjob_s3["spec"]["pytorchReplicaSpecs"].items():
+        container = pytorch_container(replica)
+        assert container["envFrom"] == [{"secretRef": {"name": "runjob-s3"}}], name
+        for entry in container.get("env", []):
+            if entry["name"] in CREDENTIAL_VARIABLES or entry["name"].startswith(("AWS_", "GOOGLE_")):
+                assert "value" not in entry, f"{name}: {entry['name']} has a literal value in the manifest"
+                assert entry["valueFrom"]["secretKeyRef"]["name"] == "runjob-s3", entry
+        words = [str(w) for w in container["args"]]
+        assert not [w for w in words if re.search(r"AWS_|GOOGLE_|secret|key_id", w, re.I)], words
+    # the documented Secret has the keys boto3 reads from the environment, and only such keys
+    words = secret_line(text)
+    literals = dict(w.removeprefix("--from-literal=").split("=", 1) for w in words if w.startswith("--from-literal="))
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(literals) <= CREDENTIAL_VARIABLES, literals
+    assert len(literals) == len(words) - 5, "every key given as --from-literal=NAME=VALUE"
+    # the one other key shown, for an S3-compatible store's endpoint, is a name runjob reads
+    (endpoint,) = [m for m in re.findall(r"--from-literal=(\w+)=(\S+)", text) if m[0] not in literals]
+    assert endpoint[0] in ENDPOINT_VARIABLES and urlparse(endpoint[1]).scheme in ("http", "https"), endpoint
+
+
+def test_pytorchjob_s3_caches_shards_on_a_node_local_volume_that_holds_the_cache_limit(pytorchjob_s3):
+    from runjob.host.streams import parse_size
+
+    for name, replica in pytorchjob_s3["spec"]["pytorchReplicaSpecs"].items():
+        pod = replica["template"]["spec"]
+        container = pytorch_container(replica)
+        overrides = set_values(expanded_command(pytorchjob_s3, name))
+        cache_dir = PurePosixPath(overrides["dataset.cache_dir"])
+        (mount,) = [m for m in container["volumeMounts"] if cache_dir.is_relative_to(m["mountPath"])]
+        assert not mount.get("readOnly"), name
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        scratch = volume["emptyDir"]  # node-local, gone with the pod
+        assert scratch.get("medium") != "Memory", "the shards would count against the pod's memory"
+        size = k8s_bytes(scratch["sizeLimit"])
+        # runjob keeps the whole cache (its splits share it) under cache_limit; past sizeLimit the kubelet evicts the pod
+        limit = parse_size(overrides["dataset.cache_limit"])
+        assert limit < size <= 2 * limit, (overrides["dataset.cache_limit"], scratch["sizeLimit"])
+        # the scheduler puts the pod on a node with that much disk free
+        assert k8s_bytes(container["resources"]["requests"]["ephemeral-storage"]) >= size, name
+
+
+# ---------------------------------------------------------------------------------------------
+# slurm/train-s3.sbatch: train.sbatch with --set dataset.location=$RUNJOB_DATA and a node-local cache
+
+
+def run_sbatch_s3(fake_slurm, *args: str, **extra: str | None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(SBATCH_S3), *args],
+        cwd=REPO,
+        env=fake_slurm.env(**extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_sbatch_s3_is_valid_bash_with_strict_mode_and_train_sbatchs_header():
+    proc = subprocess.run(["bash", "-n", str(SBATCH_S3)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    text = SBATCH_S3.read_text()
+    assert re.search(r"^set -euo pipefail$", text, re.M)
+    assert "AWS_EC2_METADATA_DISABLED" not in text, "instance roles must keep working"
+
+    def header(script: Path) -> list[str]:
+        return re.findall(r"^#SBATCH .*$", script.read_text(), re.M)
+
+    assert header(SBATCH_S3) == header(SBATCH), "sbatch reads only the submitted script's #SBATCH lines"
+
+
+def test_sbatch_s3_renders_train_sbatchs_command_with_the_location_and_the_cache(fake_slurm):
+    from runjob.job.jobfile import parse_override_value
+
+    proc = run_sbatch_s3(
+        fake_slurm,
+        "jobs/digits.toml",
+        "--set",
+        "train.epochs=1",
+        RUNJOB_DATA="s3://my-bucket/digits",
+        SLURM_TMPDIR="/localscratch/alice.4242.0",
+    )
+    assert proc.returncode == 0, proc.stderr
+    srun, torchrun = launch_words(proc.stdout)
+    args = parse_torchrun(torchrun)
+    assert args.training_script_args == [
+        "jobs/digits.toml",
+        "--output-dir",
+        "runs/slurm-4242",
+        "--resume",
+        "auto",
+        "--set",
+        "dataset.location=s3://my-bucket/digits",
+        "--set",
+        "dataset.cache_dir=/localscratch/alice.4242.0/runjob-streams",
+        "--set",
+        "train.epochs=1",  # the caller's flags last: a --set of theirs wins
+    ]
+    overrides = set_values(args.training_script_args)
+    for key in ("dataset.location", "dataset.cache_dir"):
+        assert isinstance(parse_override_value(overrides[key]), str), "runjob must read the value as a string"
+    # otherwise train.sbatch's launch: the same srun and torchrun options
+    plain = fake_slurm("jobs/digits.toml")
+    assert plain.returncode == 0, plain.stderr
+    plain_srun, plain_torchrun = launch_words(plain.stdout)
+    assert srun == plain_srun
+    assert torchrun[: torchrun.index("runjob")] == plain_torchrun[: plain_torchrun.index("runjob")]
+
+
+@pytest.mark.parametrize(
+    ("data", "tmpdir", "cache_dir"),
+    [
+        ("gs://my-bucket/digits", None, "/tmp/alice/runjob-streams"),
+        ("/shared/shards/digits", None, "/tmp/alice/runjob-streams"),
+        ("s3://my-bucket/digits", "/local/job", "/local/job/runjob-streams"),
+    ],
+)
+def test_sbatch_s3_takes_gs_and_folders_and_caches_in_slurm_tmpdir_else_tmp(fake_slurm, data, tmpdir, cache_dir):
+    proc = run_sbatch_s3(fake_slurm, "jobs/digits.toml", RUNJOB_DATA=data, SLURM_TMPDIR=tmpdir, USER="alice")
+    assert proc.returncode == 0, proc.stderr
+    overrides = set_values(parse_torchrun(launch_words(proc.stdout)[1]).training_script_args)
+    assert overrides == {"dataset.location": data, "dataset.cache_dir": cache_dir}
+
+
+def test_sbatch_s3_passes_credentials_in_the_environment_not_on_the_command_line(fake_slurm):
+    (fake_slurm.dir / "bin" / "srun").write_text(FAKE_SRUN.replace("\n", '\nenv > "$FAKE_DIR/srun.env"\n', 1))
+    secrets = {"AWS_ACCESS_KEY_ID": "AKIAFAKEKEYID0000042", "AWS_SECRET_ACCESS_KEY": "fake/secret+key+0042"}
+    proc = run_sbatch_s3(
+        fake_slurm, "jobs/digits.toml", RUNJOB_DATA="s3://my-bucket/digits", AWS_DEFAULT_REGION="eu-west-1", **secrets
+    )
+    assert proc.returncode == 0, proc.stderr
+    for value in secrets.values():
+        assert value not in proc.stdout and value not in proc.stderr, "a credential on the command line or in the log"
+    environment = dict(
+        line.split("=", 1) for line in (fake_slurm.dir / "srun.env").read_text().splitlines() if "=" in line
+    )
+    for name, value in {**secrets, "AWS_DEFAULT_REGION": "eu-west-1"}.items():
+        assert environment.get(name) == value, f"{name} does not reach srun (and so its tasks)"
+    assert "AWS_EC2_METADATA_DISABLED" not in environment
+    assert not [w for w in proc.stdout.splitlines() if w.startswith("--export")], "srun passes the environment on"
+
+
+def test_sbatch_s3_dry_run_prints_the_same_command_and_starts_nothing(fake_slurm):
+    data = {"RUNJOB_DATA": "s3://my-bucket/digits", "SLURM_TMPDIR": "/local/job"}
+    dry = run_sbatch_s3(fake_slurm, "jobs/digits.toml", RUNJOB_DRY_RUN="1", **data)
+    assert dry.returncode == 0, dry.stderr
+    assert not (fake_slurm.dir / "srun.pid").exists(), "srun was started"
+    real = run_sbatch_s3(fake_slurm, "jobs/digits.toml", **data)
+    assert real.returncode == 0, real.stderr
+    words = shlex.split(dry.stdout)
+    assert words[0] == "srun" and words[1:] == real.stdout.splitlines()
+
+
+def test_sbatch_s3_defaults_to_the_streamed_job(fake_slurm):
+    proc = run_sbatch_s3(fake_slurm, RUNJOB_DATA="s3://my-bucket/digits")
+    assert proc.returncode == 0, proc.stderr
+    assert parse_torchrun(launch_words(proc.stdout)[1]).training_script_args[0] == STREAMED_JOB
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"RUNJOB_DATA": None}, "RUNJOB_DATA is not set"),
+        ({"RUNJOB_DATA": ""}, "RUNJOB_DATA is not set"),
+        ({"RUNJOB_DATA": "my-bucket/digits"}, "RUNJOB_DATA=my-bucket/digits is not"),
+        ({"RUNJOB_DATA": "shards/digits"}, "RUNJOB_DATA=shards/digits is not"),
+        ({"RUNJOB_DATA": "https://my-bucket.s3.amazonaws.com/digits"}, "RUNJOB_DATA=https://"),
+        ({"RUNJOB_DATA": "s3://"}, "RUNJOB_DATA=s3:// is not"),
+        ({"RUNJOB_DATA": "s3://my-bucket/digits", "AWS_ACCESS_KEY_ID": "AKIAFAKE"}, "AWS_SECRET_ACCESS_KEY is not"),
+        (
+            {"RUNJOB_DATA": "gs://my-bucket/digits", "GOOGLE_APPLICATION_CREDENTIALS": "/no/such/key.json"},
+            "GOOGLE_APPLICATION_CREDENTIALS=/no/such/key.json is not a readable file",
+        ),
+    ],
+    ids=["unset", "empty", "no-scheme", "relative", "https", "no-bucket", "half-credentials", "missing-key-file"],
+)
+def test_sbatch_s3_refuses_in_one_line_before_srun(fake_slurm, extra, named):
+    proc = run_sbatch_s3(fake_slurm, "jobs/digits.toml", **extra)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and named in proc.stderr and not proc.stdout, proc.stderr
+    assert proc.stderr.startswith("train-s3.sbatch: ")
+    assert not (fake_slurm.dir / "srun.pid").exists(), "srun was started"
+
+
+def test_sbatch_s3_time_limit_signal_reaches_train_sbatchs_handler(fake_slurm):
+    """Slurm sends USR1 to the batch script's process (--signal=B:USR1@120): train-s3.sbatch must
+    have become train.sbatch (exec), whose handler requeues the job."""
+    process = subprocess.Popen(
+        ["bash", str(SBATCH_S3), "jobs/digits.toml"],
+        cwd=REPO,
+        env=fake_slurm.env(RUNJOB_DATA="s3://my-bucket/digits", RUNJOB_REQUEUE="1", FAKE_SRUN_SLEEP="30"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pid_file = fake_slurm.dir / "srun.pid"
+        deadline = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), "srun never started"
+        time.sleep(0.2)
+        process.send_signal(signal.SIGUSR1)
+        _, stderr = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert (fake_slurm.dir / "scontrol.log").read_text().split() == ["requeue", "4242"], stderr
+    assert process.returncode == 0, stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Both object-store recipes: the streamed job they run, and the README
+
+
+def test_object_store_recipes_run_a_streamed_job_that_takes_their_overrides(pytorchjob_s3, fake_slurm):
+    """What both recipes run resolves: the job has a streamed dataset, and every --set dataset.X
+    they add is one of its options, read back as given."""
+    from runjob.host.plugin_host import load_plugins
+    from runjob.host.streams import StreamOptions
+    from runjob.job.validation import load_resolved
+
+    host = load_plugins()
+    manifest = parse_torchrun(expanded_command(pytorchjob_s3, "Master")[1:]).training_script_args
+    proc = run_sbatch_s3(fake_slurm, RUNJOB_DATA="s3://my-bucket/digits", SLURM_TMPDIR="/local/job")
+    assert proc.returncode == 0, proc.stderr
+    sbatch = parse_torchrun(launch_words(proc.stdout)[1]).training_script_args
+    for words in (manifest, sbatch):
+        overrides = [f"{key}={value}" for key, value in set_values(words).items()]
+        options = load_resolved(REPO / words[0], overrides, host).dataset.options
+        assert isinstance(options, StreamOptions), type(options)
+        for override in overrides:
+            key, _, value = override.partition("=")
+            assert str(getattr(options, key.removeprefix("dataset."))) == value, override
+
+
+def test_object_store_recipes_are_documented(pytorchjob_s3):
+    readme = (CONTAINERS / "README.md").read_text()
+    assert "## Data from an object store" in readme
+    for path in ("slurm/train-s3.sbatch", "k8s/pytorchjob-s3.yaml"):
+        assert re.search(rf"^\| `{re.escape(path)}` \|", readme, re.M), f"{path} is missing from the table"
+    assert "kubectl apply -f containers/k8s/pytorchjob-s3.yaml" in readme
+    assert secret_line(readme) == secret_line(PYTORCHJOB_S3.read_text()), "the README's Secret is the manifest's"
+    assert re.search(r"^RUNJOB_DATA=s3://\S+ sbatch containers/slurm/train-s3\.sbatch", readme, re.M)
+    assert re.search(r"^runjob data convert \S+ s3://\S+", readme, re.M)
+    args = [str(word) for word in pytorch_container(pytorchjob_s3["spec"]["pytorchReplicaSpecs"]["Master"])["args"]]
+    for key, value in set_values(args).items():
+        assert f"{key}={value}" in readme, key
+
+
+def test_the_image_has_the_stream_extra_the_object_store_manifest_needs():
+    installs = pip_installs(dockerfile_instructions())
+    assert any("stream" in extras(target) for _, targets, _ in installs for target in targets)

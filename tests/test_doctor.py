@@ -118,7 +118,8 @@ def test_versions_are_reported():
 def test_importing_the_doctor_imports_no_heavy_library():
     code = (
         "import sys, runjob.commands.doctor; "
-        "print(sorted(m for m in ('torch', 'mlflow', 'accelerate') if m in sys.modules))"
+        "heavy = ('torch', 'mlflow', 'accelerate', 'boto3', 'botocore', 'litdata'); "
+        "print(sorted(m for m in heavy if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

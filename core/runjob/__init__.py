@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from runjob.host.run_context import RunContext as RunContext
     from runjob.host.run_context import RunState as RunState
     from runjob.host.run_folder import RunFolder as RunFolder
+    from runjob.host.streams import Streamed as Streamed
+    from runjob.host.streams import StreamOptions as StreamOptions
     from runjob.host.task import Generating as Generating
     from runjob.host.task import Task as Task
     from runjob.host.task import TaskOptions as TaskOptions
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
     from runjob.train.flops import model_flops_per_unit as model_flops_per_unit
     from runjob.train.flops import peak_flops as peak_flops
     from runjob.train.flops import training_flops_per_unit as training_flops_per_unit
+    from runjob.train.shards import stream_manifest as stream_manifest
 
 __version__ = "0.1.0"
 
@@ -73,6 +76,9 @@ _LAZY = {
     "Inputs": "runjob.host.components",
     "StrategyPlan": "runjob.host.components",
     "require_module": "runjob.host.components",
+    "StreamOptions": "runjob.host.streams",
+    "Streamed": "runjob.host.streams",
+    "stream_manifest": "runjob.train.shards",
     "Callback": "runjob.host.callback",
     "CallbackOptions": "runjob.host.callback",
     "Task": "runjob.host.task",

@@ -35,6 +35,7 @@ from runjob.tags import RERUN_OF_TAG
 
 COMMANDS: tuple[str, ...] = ("run", "validate", "doctor", "plugins", "runs", "diff", "rerun", "sync", "sweep")
 COMMANDS += ("evaluate", "predict", "export")  # using a trained model
+COMMANDS += ("data",)  # shards for streamed datasets
 LOADING_PLUGINS = ("run", "validate", "doctor", "plugins", "rerun", "sweep", "evaluate", "predict", "export")
 """The commands that load plugins: they take ``--disable-plugin`` after the command name too."""
 SHOWING_WARNINGS = ("doctor", "plugins")
@@ -350,6 +351,40 @@ def add_trained_model_commands(commands: argparse._SubParsersAction[_Parser], ur
     )
     add_trust_pickle(export)
     add_tracking_uri(export, uri_default)
+
+    data = commands.add_parser(
+        "data",
+        help="convert a data set into shards streamed from an object store or a folder",
+        description='Data for streamed datasets (`name = "streamed_images"`): `runjob data convert SOURCE LOCATION`.',
+    )
+    data_commands = data.add_subparsers(dest="data_command", metavar="{convert}", required=True)
+    convert = data_commands.add_parser(
+        "convert",
+        help="write an image folder as shards to s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a local folder",
+        description=(
+            "Write SOURCE, an image folder (train/<class>/, val/<class>/ and optionally test/<class>/), as LitData "
+            "shards to LOCATION, one folder per split, and runjob.json last (no run reads a location without it). "
+            "Run again after an interruption: a finished conversion of the same source is left as it is. "
+            "Credentials come from the environment (AWS_* variables, a profile, the instance's role; "
+            "GOOGLE_APPLICATION_CREDENTIALS)."
+        ),
+    )
+    convert.add_argument("source", type=Path, help="an image folder: train/<class>/*.png, val/<class>/*.png")
+    convert.add_argument("location", help="s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a local folder")
+    convert.add_argument(
+        "--endpoint-url", metavar="URL", help="an S3-compatible store (MinIO, Ceph, R2); default $AWS_ENDPOINT_URL"
+    )
+    convert.add_argument("--chunk-bytes", default="8MB", metavar="SIZE", help="the size of each shard (8MB)")
+    convert.add_argument(
+        "--workers",
+        type=int,
+        default=max(1, min(8, os.cpu_count() or 1)),
+        metavar="N",
+        help="processes reading and writing (the CPU count, at most 8)",
+    )
+    convert.add_argument(
+        "--overwrite", action="store_true", help="replace a finished conversion of other data at LOCATION"
+    )
 
 
 def _print_problems(message: str) -> None:

@@ -22,11 +22,13 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from runjob import __version__
-from runjob.errors import describe
+from runjob.errors import DataError, describe
 from runjob.host.plugin_host import load_plugins
+from runjob.host.streams import StreamOptions
 from runjob.job.plan import fp16_problem
 from runjob.job.validation import load_resolved
 from runjob.record.uri import probe_health, sqlite_path, tracking_uri_and_source
+from runjob.train import stores
 
 if TYPE_CHECKING:
     from runjob.host.plugin_host import PluginHost
@@ -220,6 +222,22 @@ def _check_sqlite(uri: str, source: str) -> Check:
     return Check("tracking", "ok", f"{uri} (from {source}): {database} {state}")
 
 
+def check_data(job: ResolvedJob | None = None) -> list[Check]:
+    """A streamed dataset's location (options derived from StreamOptions) can be read; nothing to
+    check for other datasets."""
+    if job is None or not isinstance(job.dataset.options, StreamOptions):
+        return []
+    return [check_stream(job.dataset.options)]
+
+
+def check_stream(stream: StreamOptions) -> Check:
+    """List the location and read its runjob.json: ok with what it holds, or the store's problem."""
+    try:
+        return Check("data", "ok", stores.check_readable(stream))
+    except DataError as error:
+        return Check("data", "fail", str(error))
+
+
 def check_plugins(host: PluginHost | None = None) -> list[Check]:
     """A failure per plugin that did not load and per bare name several third-party plugins register;
     a warning per name a plugin registers that a built-in has; a line per disabled plugin."""
@@ -259,6 +277,7 @@ def collect_checks(job: ResolvedJob | None = None, host: PluginHost | None = Non
         *_safely("mlflow", check_mlflow),
         *_safely("/dev/shm", check_shared_memory, job),
         *_safely("tracking", check_tracking, job),
+        *_safely("data", check_data, job),
         *_safely("plugins", check_plugins, host),
     ]
 

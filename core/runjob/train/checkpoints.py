@@ -39,6 +39,7 @@ from runjob.host.run_folder import (
     checkpoint_step,
 )
 from runjob.job.keys import flat, value_text
+from runjob.train.data_loading import is_stream
 
 if TYPE_CHECKING:
     from runjob.host.events import Dispatcher
@@ -87,6 +88,9 @@ def save_checkpoint(
             temporary.mkdir(parents=True)
         accelerator.wait_for_everyone()
         accelerator.save_state(str(temporary), safe_serialization=True)
+        if is_stream(run.train_loader):  # every process's place in its share of the streamed data
+            position_file = temporary / DATA_POSITION_FILE.format(rank=accelerator.process_index)
+            position_file.write_text(json.dumps(run.train_loader.position()) + "\n", encoding="utf-8")
         if accelerator.is_main_process:
             if run.scheduler is not None:
                 torch.save(run.scheduler.state_dict(), temporary / SCHEDULER_FILE)
@@ -240,7 +244,23 @@ def load_checkpoint(run: Run, checkpoint: Path, events: Dispatcher) -> Position:
     except Exception as error:  # noqa: BLE001 - a corrupt or incompatible checkpoint
         raise RunjobError(f"cannot load checkpoint {checkpoint}: {describe(error)}") from None
     events.load_states(states, str(checkpoint))
-    return Position(state["step"], state["epoch"], state["batches_done"])
+    position = Position(state["step"], state["epoch"], state["batches_done"])
+    if is_stream(run.train_loader) and position.batches_done:
+        _restore_data_position(run, checkpoint)
+    return position
+
+
+def _restore_data_position(run: Run, checkpoint: Path) -> None:
+    """A streamed split's place in the epoch, this process's, from ``checkpoint``."""
+    path = checkpoint / DATA_POSITION_FILE.format(rank=run.accelerator.process_index)
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise RunjobError(
+            f"cannot resume from {checkpoint}: the streamed data's position ({path.name}) is missing or damaged "
+            f"({describe(error)}); resume from an earlier checkpoint with --resume PATH"
+        ) from None
+    run.train_loader.restore(saved, str(path))
 
 
 # What a resumed job may not change: it would no longer be the same training.
@@ -259,7 +279,18 @@ MUST_MATCH = (
     "launch.num_processes",
     "train.compile",
 )
-LOADER_KEYS = ("dataset.num_workers", "dataset.pin_memory", "dataset.persistent_workers", "dataset.prefetch_factor")
+LOADER_KEYS = (
+    "dataset.num_workers",
+    "dataset.pin_memory",
+    "dataset.persistent_workers",
+    "dataset.prefetch_factor",
+    # a streamed dataset's cache and endpoint may change between attempts (another node's scratch disk)
+    "dataset.cache_dir",
+    "dataset.cache_limit",
+    "dataset.chunks_ahead",
+    "dataset.endpoint_url",
+)
+DATA_POSITION_FILE = "data_position-{rank}.json"
 
 
 def _shown(values: dict[str, object], key: str) -> str:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import zlib
 from array import array
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from runjob.errors import DataError
 from runjob.host.components import Batch, Collate, DatasetSplits, ImageTensors, Sample, Split
+from runjob.host.streams import Streamed, StreamPosition
 from runjob.record.prediction import collate  # noqa: F401 - the loaders' collate, shared with prediction
 
 if TYPE_CHECKING:
@@ -101,6 +102,26 @@ class BatchedImages:
         return zlib.crc32(array("q", [self.seed, len(indices), *indices[:64]]).tobytes())
 
 
+@runtime_checkable
+class PositionedLoader(Protocol):
+    """A streamed split's loader (``runjob.train.streaming.StreamLoader``) as the rest of training
+    sees it without importing LitData: it shards, batches and moves its data itself, says where it
+    stands in the epoch for a checkpoint, and which rows of its last batch count."""
+
+    valid: torch.Tensor | None
+
+    def position(self) -> StreamPosition: ...
+
+    def restore(self, position: StreamPosition, source: str) -> None: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+
+def is_stream(loader: object) -> bool:
+    """Whether ``loader`` is a streamed split's."""
+    return isinstance(loader, PositionedLoader)
+
+
 def pins_memory(job: ResolvedJob, on_cuda: bool) -> bool:
     """Whether a Dataset split's DataLoader pins its batches: ``dataset.pin_memory``, by default
     when training on CUDA. Accelerate then copies them to the GPU without blocking."""
@@ -115,6 +136,12 @@ def example_batch(split: Split, collate_fn: Collate | None = None) -> Batch:
         import torch
 
         return BatchedImages(split, torch.device("cpu"), seed=0, augment=False).__getitems__([0, 0])
+    if isinstance(split, Streamed):
+        # lazy: LitData (and its S3 clients) only for a streamed split
+        from runjob.train.streaming import first_samples
+
+        first = first_samples(split, 1)[0]
+        return (collate_fn or collate)([first, first])
     return (collate_fn or collate)([split[0], split[0]])
 
 
@@ -177,6 +204,11 @@ def make_loaders(
     if any(in_memory):
         _check_in_memory_loader(job)
     loader = job.loader
+    if loader.persistent_workers and any(isinstance(data, Streamed) for _, data in named):
+        raise DataError(
+            f"dataset {dataset_name!r} is streamed and its loader workers start anew each epoch (LitData hands each "
+            "epoch's shards out again): remove dataset.persistent_workers = true from the job"
+        )
     common = {
         "num_workers": loader.num_workers,
         "worker_init_fn": leave_stops_to_training if loader.num_workers else None,
@@ -193,16 +225,40 @@ def make_loaders(
             return BatchedImages(data, accelerator.device, job.job.seed, augment, channels_last)
         return data
 
-    train = DataLoader(
-        dataset(splits.train, augment=True),
-        batch_size=job.train.batch_size,
-        shuffle=True,
-        drop_last=job.train.drop_last,
-        generator=torch.Generator().manual_seed(job.job.seed),
-        **(on_device if in_memory[0] else common),
-    )
+    def streamed(data: Streamed, training: bool) -> DataLoader[Sample]:
+        # lazy: LitData (and its S3 clients) only for a streamed split
+        from runjob.train.streaming import StreamLoader
+
+        return StreamLoader(
+            data,
+            accelerator,
+            seed=job.job.seed,
+            batch_size=job.train.batch_size if training else (job.train.eval_batch_size or job.train.batch_size),
+            training=training,
+            drop_last=job.train.drop_last,
+            num_workers=loader.num_workers,
+            collate=splits.collate or collate,
+            pin_memory=bool(common["pin_memory"]),
+            prefetch_factor=loader.prefetch_factor,
+            worker_init=leave_stops_to_training,
+            cache_share=sum(isinstance(data, Streamed) for _, data in named),
+        )
+
+    if isinstance(splits.train, Streamed):
+        train = streamed(splits.train, training=True)
+    else:
+        train = DataLoader(
+            dataset(splits.train, augment=True),
+            batch_size=job.train.batch_size,
+            shuffle=True,
+            drop_last=job.train.drop_last,
+            generator=torch.Generator().manual_seed(job.job.seed),
+            **(on_device if in_memory[0] else common),
+        )
     evaluation = [
-        DataLoader(
+        streamed(data, training=False)
+        if isinstance(data, Streamed)
+        else DataLoader(
             dataset(data, augment=False),
             batch_size=job.train.eval_batch_size or job.train.batch_size,
             shuffle=False,

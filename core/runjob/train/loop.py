@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -20,6 +21,7 @@ from runjob.host.events import Dispatcher, Event
 from runjob.host.output import screen
 from runjob.host.run_context import Clock, Run, StopFlag
 from runjob.train.checkpoints import Position, save_checkpoint
+from runjob.train.data_loading import PositionedLoader, is_stream
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +31,10 @@ if TYPE_CHECKING:
     from runjob.host.components import Batch, ModelOutputs
     from runjob.host.task import Task, TaskOptions
     from runjob.job.schema import TrainTable
+
+
+VALID_ROWS = "runjob.valid_rows"
+"""The key a streamed batch's row mask travels under when evaluation gathers it."""
 
 
 @dataclass
@@ -124,10 +130,28 @@ def evaluate(run: Run, loader: Iterable[Batch], prefix: str = "val") -> dict[str
                 batch = channels_last(batch)
             yield task.forward(model, batch), batch
 
+    gather: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]] = accelerator.gather_for_metrics
+    if isinstance(loader, PositionedLoader):
+        gather = partial(_counted_rows, accelerator, loader)
     with torch.no_grad():
-        totals, count = add_up(task, run.job.task.name, evaluated(), accelerator.gather_for_metrics)
+        totals, count = add_up(task, run.job.task.name, evaluated(), gather)
     model.train()
     return summarize(run, totals, count, prefix)
+
+
+def _counted_rows(
+    accelerator: Accelerator, loader: PositionedLoader, values: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """A streamed split's batch values, gathered from every process without the copies that fill a
+    short batch or pad a process's share (``loader.valid``: which rows of its last batch count)."""
+    valid = loader.valid
+    gathered: dict[str, torch.Tensor]
+    if valid is None:
+        gathered = accelerator.gather_for_metrics(values)
+        return gathered
+    gathered = accelerator.gather({**values, VALID_ROWS: valid})
+    keep = gathered.pop(VALID_ROWS)
+    return {name: value[keep] for name, value in gathered.items()}
 
 
 def add_up(
@@ -375,7 +399,7 @@ class AccelerateWork:
 
         loader = self.run.train_loader
         loader.set_epoch(epoch)  # the sampler's order depends on the seed and the epoch alone
-        if skip:
+        if skip and not is_stream(loader):  # a streamed split's loader took its position from the checkpoint
             loader = self.run.accelerator.skip_first_batches(loader, skip)
             loader.set_epoch(epoch)
         self.run.model.train()

@@ -5,17 +5,18 @@ Accelerator, the scheduler and the schedule (:class:`Built`)."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from runjob.host.components import Adapter, DataFacts, DatasetSplits
 from runjob.host.model_build import adapter_places, apply_adapters, build_model, make_adapters, takes_data
 from runjob.host.output import screen
+from runjob.host.streams import Streamed
 from runjob.host.task import Task
 from runjob.job.validation import ResolvedJob
 from runjob.record.uri import resolve_tracking_uri
 from runjob.train import initialization
-from runjob.train.data_loading import make_loaders
+from runjob.train.data_loading import is_stream, make_loaders
 from runjob.train.loop import Schedule, plan_schedule
 from runjob.train.trained import load_data
 
@@ -79,9 +80,17 @@ def build(job: ResolvedJob, accelerator: Accelerator, tracking_uri: str | None, 
     screen.say(*(f"runjob: {line}" for line in said if line))
     optimizer = job.optimizer.component.factory(groups, job.optimizer.options)
     train_loader, val_loader, test_loader = make_loaders(splits, job, accelerator)
-    model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
-    if test_loader is not None:
-        test_loader = accelerator.prepare(test_loader)
+    if not any(isinstance(split, Streamed) for split in (splits.train, splits.val, splits.test)):
+        model, optimizer, train_loader, val_loader = accelerator.prepare(model, optimizer, train_loader, val_loader)
+        if test_loader is not None:
+            test_loader = accelerator.prepare(test_loader)
+    else:  # a streamed split's loader shards, batches and moves its data itself (runjob.train.streaming)
+        model, optimizer = accelerator.prepare(model, optimizer)
+        train_loader, val_loader = (
+            loader if is_stream(loader) else accelerator.prepare(loader) for loader in (train_loader, val_loader)
+        )
+        if test_loader is not None and not is_stream(test_loader):
+            test_loader = accelerator.prepare(test_loader)
     schedule = plan_schedule(job.train, len(train_loader))
     # Not passed through prepare: Accelerate would step it once per process per optimizer step.
     scheduler = job.scheduler.component.factory(optimizer, job.scheduler.options, schedule.total_steps)
@@ -108,6 +117,11 @@ def facts_of(splits: DatasetSplits) -> DataFacts:
     # lazy: `runjob JOB` says its first line and starts its recording process before torch loads (train.entry)
     import torch
 
+    if isinstance(splits.train, Streamed):
+        # lazy: LitData (and its S3 clients) only for a streamed split
+        from runjob.train.streaming import first_samples
+
+        splits = replace(splits, train=first_samples(splits.train, 1))  # its first sample, as a list
     state = random.getstate()
     try:
         with torch.random.fork_rng(devices=[]):

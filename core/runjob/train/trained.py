@@ -22,6 +22,7 @@ from runjob.host.model_build import adapter_places, apply_adapters, make_adapter
 from runjob.host.model_build import build_model as make_model
 from runjob.host.run_context import Run, RunParts
 from runjob.host.run_folder import DATA_FACTS_FILE, JOB_FILE, PREDICTOR_DIR, WEIGHTS_FILE, RunFolder
+from runjob.host.streams import Streamed
 from runjob.host.task import Task
 from runjob.job.jobfile import load_job as load_job_file
 from runjob.job.validation import ResolvedJob, resolve
@@ -31,7 +32,7 @@ from runjob.record.store import download_artifact, get_run, open_store, reading
 from runjob.record.uri import resolve_tracking_uri
 from runjob.tags import OUTPUT_DIR_TAG
 from runjob.train.accelerator import forget_accelerator
-from runjob.train.data_loading import BatchedImages, make_loaders
+from runjob.train.data_loading import BatchedImages, is_stream, make_loaders
 from runjob.train.loop import evaluate
 
 if TYPE_CHECKING:
@@ -250,7 +251,12 @@ def evaluate_split(run: TrainedRun, job: ResolvedJob, split: str) -> dict[str, f
         model = model.to(memory_format=torch.channels_last)
     with one_process_accelerator(job) as accelerator:
         _, val_loader, test_loader = make_loaders(splits, job, accelerator)
-        model, loader = accelerator.prepare(model, val_loader if split == "val" else test_loader)
+        loader = val_loader if split == "val" else test_loader
+        assert loader is not None  # a missing test split was refused above
+        if is_stream(loader):  # a streamed split's loader moves its batches itself
+            model = accelerator.prepare(model)
+        else:
+            model, loader = accelerator.prepare(model, loader)
         context = Run(RunParts(job, accelerator, model, task, run.output_dir or run.folder, val_loader=loader))
         return evaluate(context, loader, split)
 
@@ -264,4 +270,9 @@ def sample_batch(split: Split, count: int = 8, collate_fn: Collate | None = None
         import torch
 
         return BatchedImages(split, torch.device("cpu"), seed=0, augment=False).__getitems__(indices)
+    if isinstance(split, Streamed):
+        # lazy: LitData (and its S3 clients) only for a streamed split
+        from runjob.train.streaming import first_samples
+
+        return (collate_fn or collate)(first_samples(split, count))
     return (collate_fn or collate)([split[index] for index in indices])
