@@ -130,3 +130,11 @@ def baseline_tag(name: str) -> str:
 def flops_per_tag(unit: str) -> str:
     """``runjob.flops_per_UNIT``: the FLOPs of one ``unit`` (``sample``, ``token``)."""
     return FLOPS_PER_TAG_PREFIX + unit
+
+
+# a streamed training split (runjob.train.streaming): its location, each process's samples per epoch,
+# and the samples repeated (to give every process as many batches) or left out (train.drop_last) per epoch
+STREAM_LOCATION_TAG = "runjob.data.streamed"
+STREAM_SHARES_TAG = "runjob.data.samples_per_process"
+STREAM_PADDED_TAG = "runjob.data.padded_samples_per_epoch"
+STREAM_DROPPED_TAG = "runjob.data.dropped_samples_per_epoch"

@@ -89,7 +89,8 @@ def dataset_lineage(job: ResolvedJob, splits: DatasetSplits) -> dict[str, str]:
     source = splits.source or (
         str(Path(root).resolve()) if isinstance(root, str) and root else f"runjob:{job.dataset.name}"
     )
-    kind = "local" if source.startswith("/") else ("http" if source.startswith(("http://", "https://")) else "code")
+    schemes = {"http://": "http", "https://": "http", "s3://": "s3", "gs://": "gs"}
+    kind = "local" if source.startswith("/") else next((k for p, k in schemes.items() if source.startswith(p)), "code")
     return {
         "name": job.dataset.name,
         "digest": digest,

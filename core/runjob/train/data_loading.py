@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from runjob.errors import DataError
 from runjob.host.components import Batch, Collate, DatasetSplits, ImageTensors, Sample, Split
+from runjob.host.output import screen
 from runjob.host.streams import Streamed, StreamPosition
 from runjob.record.prediction import collate  # noqa: F401 - the loaders' collate, shared with prediction
 
@@ -115,6 +116,10 @@ class PositionedLoader(Protocol):
     def restore(self, position: StreamPosition, source: str) -> None: ...
 
     def set_epoch(self, epoch: int) -> None: ...
+
+    def record_tags(self) -> dict[str, str]: ...
+
+    def summary(self) -> str: ...
 
 
 def is_stream(loader: object) -> bool:
@@ -246,6 +251,7 @@ def make_loaders(
 
     if isinstance(splits.train, Streamed):
         train = streamed(splits.train, training=True)
+        screen.say(f"runjob: {train.summary()}")
     else:
         train = DataLoader(
             dataset(splits.train, augment=True),

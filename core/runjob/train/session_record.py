@@ -52,6 +52,7 @@ from runjob.tags import (
     resumed_tag,
 )
 from runjob.train.accelerator import actual_setup
+from runjob.train.data_loading import PositionedLoader
 from runjob.train.request import RunRequest
 from runjob.train.session_build import Built
 from runjob.train.session_outputs import save_outputs
@@ -247,6 +248,8 @@ class RecordListener(MetricsDestination):
         _record_baselines(recorder, built.splits.baselines)
         if built.lineage:
             recorder.set_tags(built.lineage)
+        if isinstance(built.train_loader, PositionedLoader):  # a streamed split: its division, padding counted
+            recorder.set_tags(built.train_loader.record_tags())
         if prepared.checkpoint is not None:
             resumed = {resumed_tag(cast(int, prepared.saved["step"])): "; ".join(prepared.changes) or "no changes"}
             if recorder.active and NOTE_TAG in recorder.record.tags:  # a stop's "to go on" is done now

@@ -49,6 +49,7 @@ from litdata.streaming.sampler import ChunkedIndex
 from runjob.errors import DataError, describe
 from runjob.host.components import Batch, Collate, Sample
 from runjob.host.streams import Streamed, StreamOptions, StreamPosition
+from runjob.tags import STREAM_DROPPED_TAG, STREAM_LOCATION_TAG, STREAM_PADDED_TAG, STREAM_SHARES_TAG
 from runjob.train import stores
 
 if TYPE_CHECKING:
@@ -298,6 +299,32 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
 
     def __len__(self) -> int:
         return self.shares.target
+
+    def record_tags(self) -> dict[str, str]:
+        """The run's tags of how the split divides among processes, padding and drop counted."""
+        shares = self.shares
+        ranks = range(len(shares.samples))
+        return {
+            STREAM_LOCATION_TAG: self.streamed.url,
+            STREAM_SHARES_TAG: ",".join(str(n) for n in shares.samples),
+            STREAM_PADDED_TAG: str(sum(shares.padded_samples(rank) for rank in ranks)),
+            STREAM_DROPPED_TAG: str(sum(shares.dropped_samples(rank) for rank in ranks)),
+        }
+
+    def summary(self) -> str:
+        """One line for the start of a run: the split, its processes and workers, padding and drop."""
+        shares, ranks = self.shares, range(len(self.shares.samples))
+        padded = sum(shares.padded_samples(rank) for rank in ranks)
+        dropped = sum(shares.dropped_samples(rank) for rank in ranks)
+        line = (
+            f"streaming {self.streamed.url}: {sum(shares.samples)} samples, {len(shares.samples)} process(es) x "
+            f"{max(1, self.workers)} loader worker(s), {shares.target} batches each per epoch"
+        )
+        if padded:
+            line += f"; {padded} samples repeated per epoch so that every process has as many batches"
+        if dropped:
+            line += f"; {dropped} left out per epoch (train.drop_last)"
+        return line
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -1,0 +1,329 @@
+"""Streaming speed (issue 33): one epoch of images streamed from an S3 server on this machine against
+the same images read from a local image folder.
+
+The data: scikit-learn's digits exported as 32x32 PNG (``export_image_folder``), each file copied
+``--copies`` times under new names (10: 17,970 images, 14,380 of them in train/), converted with
+``runjob data convert`` (in this process, LitData's default writer settings, ``--chunk-bytes``) to
+moto's S3 server, started here on 127.0.0.1 (a free port, fake credentials, stopped at the end),
+and to a local folder of shards. Contestants, each one epoch of the train split, shuffled, batch
+``--batch``, ``--workers`` loader workers, the same transform (RGB, resize 32, ToTensor, Normalize
+with ImageNet's mean and std) and runjob's collate:
+
+* ``folder``: the ``imagefolder`` dataset (torchvision ``ImageFolder``) and a torch ``DataLoader``,
+  as runjob's training loop builds them;
+* ``s3``: the ``streamed_images`` dataset on the ``s3://`` location and runjob's ``StreamLoader``,
+  with a fresh (cold) cache folder each time;
+* ``shards``: the same on the local folder of shards (a fresh cache folder too).
+
+Each run is a process of its own, rounds interleaved (folder s3 shards, folder s3 shards, ...);
+torch, torchvision, PIL, LitData and boto3 are imported before the clock starts. Timed: from
+building the dataset (listing the folder, reading the conversion's ``runjob.json``) and its loader,
+the workers' start included, to the epoch's last batch, wall and CPU seconds of the process and its
+loader workers (``getrusage`` of itself and of its waited-for children), and the S3 server's CPU
+seconds over the run. The ratio s3/folder is paired by round (geometric mean, 95% t interval).
+``--profile`` adds one in-process epoch of each with 0 loader workers under cProfile.
+
+    uv run --locked python benchmarks/streaming_speed.py --repeats 5
+    uv run --locked python benchmarks/streaming_speed.py --repeats 1 --profile --json /tmp/streaming_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import os
+import pstats
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+CONTESTANTS = ("folder", "s3", "shards")
+BUCKET = "bench"
+SEED = 0
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of its children that have exited and been waited for."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def make_loader(name: str, work: Path, cache: Path, batch: int, workers: int) -> Any:
+    """The contestant's training loader, as runjob's training loop builds it."""
+    # lazy: a timed run's process imports these before its clock starts (worker()); the parent needs none
+    import torch
+
+    from runjob.record.prediction import collate
+
+    if name == "folder":
+        from runjob_builtins.image_datasets import ImageFolderOptions, build_imagefolder
+
+        splits = build_imagefolder(ImageFolderOptions(root=str(work / "images"), image_size=32))
+        return torch.utils.data.DataLoader(
+            splits.train,
+            batch_size=batch,
+            shuffle=True,
+            num_workers=workers,
+            collate_fn=collate,
+            generator=torch.Generator().manual_seed(SEED),
+        )
+    from runjob.train.streaming import StreamLoader
+    from runjob_builtins.streamed import StreamedImagesOptions, build_streamed_images
+
+    location = f"s3://{BUCKET}/digits" if name == "s3" else str(work / "shards")
+    splits = build_streamed_images(StreamedImagesOptions(location=location, image_size=32, cache_dir=str(cache)))
+    one_process = SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu"))
+    return StreamLoader(
+        splits.train,
+        one_process,
+        seed=SEED,
+        batch_size=batch,
+        training=True,
+        drop_last=False,
+        num_workers=workers,
+        collate=collate,
+    )
+
+
+def one_epoch(name: str, work: Path, cache: Path, batch: int, workers: int) -> dict[str, float]:
+    """Build the loader and read one epoch: samples, wall and CPU seconds, seconds to the first batch."""
+    started, cpu = time.perf_counter(), cpu_seconds()
+    loader = make_loader(name, work, cache, batch, workers)
+    built = time.perf_counter() - started
+    if hasattr(loader, "set_epoch"):
+        loader.set_epoch(0)
+    samples, first = 0, 0.0
+    for inputs, _ in loader:
+        samples += len(inputs)
+        first = first or time.perf_counter() - started
+    wall = time.perf_counter() - started
+    return {
+        "samples": samples,
+        "wall_s": wall,
+        "cpu_s": cpu_seconds() - cpu,
+        "build_s": built,
+        "first_batch_s": first,
+        "samples_per_s": samples / wall,
+    }
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One timed epoch in this process (``--run NAME``): its numbers on the last line."""
+    import boto3  # noqa: F401 - imported before the clock: both contestants start with the same modules
+    import litdata  # noqa: F401
+    import PIL.Image  # noqa: F401
+    import torchvision.transforms  # noqa: F401
+
+    import runjob.train.streaming  # noqa: F401
+
+    common.emit(one_epoch(args.run, args.work, args.cache, args.batch, args.workers))
+    return 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def s3_server(log: Path):
+    """moto's S3 server on 127.0.0.1, the AWS variables of this process pointed at it, a bucket made."""
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/data.json", timeout=1).close()
+                break
+            except urllib.error.HTTPError:
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's server did not start; its log: {log}") from None
+                time.sleep(0.2)
+        for name in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3"):
+            os.environ.pop(name, None)
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="testing",
+            AWS_SECRET_ACCESS_KEY="testing",
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_EC2_METADATA_DISABLED="true",
+            AWS_ENDPOINT_URL=endpoint,
+            AWS_CONFIG_FILE=os.devnull,
+            AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        )
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+        yield server
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=10)
+
+
+def make_data(work: Path, copies: int, chunk_bytes: str) -> dict[str, float]:
+    """The image folder (digits x ``copies``) and its conversions to S3 and to a local folder."""
+    from runjob.commands.cli import main
+    from runjob_builtins.digits import export_image_folder
+
+    images = work / "images"
+    export_image_folder(images, image_size=32)
+    for path in sorted(images.rglob("*.png")):
+        for copy in range(1, copies):
+            shutil.copyfile(path, path.with_name(f"{path.stem}-{copy}.png"))
+    seconds = {}
+    for name, location in (("s3", f"s3://{BUCKET}/digits"), ("shards", str(work / "shards"))):
+        started = time.perf_counter()
+        if main(["data", "convert", str(images), location, "--chunk-bytes", chunk_bytes, "--workers", "2"]) != 0:
+            raise RuntimeError(f"runjob data convert to {location} failed")
+        seconds[name] = time.perf_counter() - started
+    return seconds
+
+
+def profile(work: Path, batch: int, top: int) -> None:
+    """One epoch of each contestant in this process, 0 loader workers, under cProfile."""
+    for name in CONTESTANTS[:2]:
+        cache = Path(tempfile.mkdtemp(dir=work, prefix=f"profile-{name}-"))
+        profiler = cProfile.Profile()
+        profiler.enable()
+        result = one_epoch(name, work, cache, batch, 0)
+        profiler.disable()
+        per_sample = 1e6 * result["wall_s"] / result["samples"]
+        print(
+            f"\nprofile {name}, 0 loader workers: {result['samples']} samples in {result['wall_s']:.2f} s "
+            f"({per_sample:.0f} us a sample; building {result['build_s']:.2f} s, first batch at "
+            f"{result['first_batch_s']:.2f} s; cProfile slows it)"
+        )
+        for order in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
+            print("\n".join(line for line in text.getvalue().splitlines()[4:] if line.strip()))
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def spread(values: list[float]) -> str:
+    return f"{common.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def report(results: dict[str, list[dict[str, float]]], info: dict[str, Any], loads: list[float]) -> dict[str, Any]:
+    rows, ratios = [], {}
+    base = [r["samples_per_s"] for r in results["folder"]]
+    for name, runs in results.items():
+        rate = [r["samples_per_s"] for r in runs]
+        row = [name, spread(rate)] + [spread([r[k] for r in runs]) for k in ("wall_s", "cpu_s", "first_batch_s")]
+        row.append(spread([r["server_cpu_s"] for r in runs]))
+        if name != "folder":
+            ratio = common.paired_ratio(rate, base)
+            ratios[name] = ratio
+            row.append(
+                f"{ratio['paired']:.3f} ({ratio['low']:.3f}-{ratio['high']:.3f}; rounds "
+                f"{min(ratio['ratios']):.3f}-{max(ratio['ratios']):.3f})"
+            )
+        else:
+            row.append("1")
+        rows.append(row)
+    print(f"\nmedian (min-max) of {len(base)} interleaved rounds; load average at each round's start {loads}")
+    header = ["contestant", "samples/s", "wall s", "CPU s", "first batch s", "S3 server CPU s", "/ folder (95% CI)"]
+    print(common.table(rows, header))
+    return ratios
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--copies", type=int, default=10, help="copies of each digits image (10: 17,970 images)")
+    parser.add_argument("--workers", type=int, default=2, help="loader workers")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--chunk-bytes", default="8MB", help="runjob data convert's --chunk-bytes (its default)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process (0: torch's default)")
+    parser.add_argument("--profile", action="store_true", help="then profile one epoch of folder and s3 in-process")
+    parser.add_argument("--top", type=int, default=25, help="functions listed per profile")
+    parser.add_argument("--json", type=Path, help="where to write the raw numbers (default: not written)")
+    parser.add_argument("--run", choices=CONTESTANTS, help=argparse.SUPPRESS)  # a timed run's process
+    parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        return worker(args)
+
+    import psutil
+
+    info = common.machine()
+    common.print_machine(info)
+    print(f"uptime before: {uptime()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="runjob-bench-streaming-") as tmp:
+        work = Path(tmp)
+        with s3_server(work / "moto.log") as server:
+            info["convert_s"] = make_data(work, args.copies, args.chunk_bytes)
+            chunks = sorted((work / "shards" / "train").glob("*.bin"))
+            info["train_chunks"] = [path.stat().st_size for path in chunks]
+            print(
+                f"converted in {info['convert_s']['s3']:.1f} s (S3) and {info['convert_s']['shards']:.1f} s (folder); "
+                f"train: {len(chunks)} chunks, {sum(info['train_chunks']) / 1e6:.1f} MB",
+                flush=True,
+            )
+            env = {**os.environ, **common.thread_env(args.threads)}
+            results: dict[str, list[dict[str, float]]] = {name: [] for name in CONTESTANTS}
+            loads = []
+            for rep in range(args.repeats):
+                loads.append(common.load_now())
+                for name in CONTESTANTS:
+                    cache = Path(tempfile.mkdtemp(dir=work, prefix=f"cache-{name}-"))
+                    served = sum(psutil.Process(server.pid).cpu_times()[:2])
+                    command = [__file__, "--run", name, "--work", str(work), "--cache", str(cache)]
+                    command += ["--batch", str(args.batch), "--workers", str(args.workers)]
+                    result = common.run_worker(command, env=env)
+                    result["server_cpu_s"] = sum(psutil.Process(server.pid).cpu_times()[:2]) - served
+                    results[name].append(result)
+                    shutil.rmtree(cache)
+                print(
+                    f"round {rep + 1}/{args.repeats} (load {loads[-1]}): "
+                    + "  ".join(f"{n} {r[-1]['samples_per_s']:.0f}/s" for n, r in results.items()),
+                    flush=True,
+                )
+            samples = {r["samples"] for runs in results.values() for r in runs}
+            if len(samples) != 1:
+                raise RuntimeError(f"the contestants read different sample counts: {sorted(samples)}")
+            ratios = report(results, info, loads)
+            if args.profile:
+                profile(work, args.batch, args.top)
+    info["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(f"\nuptime after: {uptime()}")
+    if args.json:
+        data = {"machine": info, "settings": vars(args) | {"json": str(args.json)}, "raw": results, "ratios": ratios}
+        print(f"raw numbers: {common.write_json('streaming_speed', data, args.json)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
