@@ -54,12 +54,14 @@ import common  # noqa: E402
 CONTESTANTS = ("folder", "s3", "shards")
 BUCKET = "bench"
 SEED = 0
+COLUMNS = ("wall_s", "cpu_s", "main_cpu_s", "first_batch_s", "server_cpu_s")
 
 
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process and of its children that have exited and been waited for."""
+def cpu_seconds() -> tuple[float, float]:
+    """User + system CPU seconds of this process, and of its children that have exited and been waited
+    for (the loader workers, once an epoch ends)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 def make_loader(name: str, work: Path, cache: Path, batch: int, workers: int) -> Any:
@@ -101,7 +103,7 @@ def make_loader(name: str, work: Path, cache: Path, batch: int, workers: int) ->
 
 def one_epoch(name: str, work: Path, cache: Path, batch: int, workers: int) -> dict[str, float]:
     """Build the loader and read one epoch: samples, wall and CPU seconds, seconds to the first batch."""
-    started, cpu = time.perf_counter(), cpu_seconds()
+    started, (main_cpu, workers_cpu) = time.perf_counter(), cpu_seconds()
     loader = make_loader(name, work, cache, batch, workers)
     built = time.perf_counter() - started
     if hasattr(loader, "set_epoch"):
@@ -111,25 +113,32 @@ def one_epoch(name: str, work: Path, cache: Path, batch: int, workers: int) -> d
         samples += len(inputs)
         first = first or time.perf_counter() - started
     wall = time.perf_counter() - started
+    main_after, workers_after = cpu_seconds()
     return {
         "samples": samples,
         "wall_s": wall,
-        "cpu_s": cpu_seconds() - cpu,
+        "cpu_s": main_after - main_cpu + workers_after - workers_cpu,
+        "main_cpu_s": main_after - main_cpu,
         "build_s": built,
         "first_batch_s": first,
         "samples_per_s": samples / wall,
     }
 
 
-def worker(args: argparse.Namespace) -> int:
-    """One timed epoch in this process (``--run NAME``): its numbers on the last line."""
-    import boto3  # noqa: F401 - imported before the clock: both contestants start with the same modules
+def preload() -> None:
+    """The modules both kinds of loader use, imported before any clock starts."""
+    # lazy: only the timed runs' processes and the profile need them
+    import boto3  # noqa: F401
     import litdata  # noqa: F401
     import PIL.Image  # noqa: F401
     import torchvision.transforms  # noqa: F401
 
     import runjob.train.streaming  # noqa: F401
 
+
+def worker(args: argparse.Namespace) -> int:
+    """One timed epoch in this process (``--run NAME``): its numbers on the last line."""
+    preload()
     common.emit(one_epoch(args.run, args.work, args.cache, args.batch, args.workers))
     return 0
 
@@ -208,18 +217,20 @@ def make_data(work: Path, copies: int, chunk_bytes: str) -> dict[str, float]:
 
 
 def profile(work: Path, batch: int, top: int) -> None:
-    """One epoch of each contestant in this process, 0 loader workers, under cProfile."""
+    """One epoch of folder and of s3 in this process with 0 loader workers, plain and then under
+    cProfile: the cost of a sample, and where it goes."""
+    preload()
     for name in CONTESTANTS[:2]:
-        cache = Path(tempfile.mkdtemp(dir=work, prefix=f"profile-{name}-"))
+        plain = one_epoch(name, work, Path(tempfile.mkdtemp(dir=work)), batch, 0)
         profiler = cProfile.Profile()
         profiler.enable()
-        result = one_epoch(name, work, cache, batch, 0)
+        profiled = one_epoch(name, work, Path(tempfile.mkdtemp(dir=work)), batch, 0)
         profiler.disable()
-        per_sample = 1e6 * result["wall_s"] / result["samples"]
         print(
-            f"\nprofile {name}, 0 loader workers: {result['samples']} samples in {result['wall_s']:.2f} s "
-            f"({per_sample:.0f} us a sample; building {result['build_s']:.2f} s, first batch at "
-            f"{result['first_batch_s']:.2f} s; cProfile slows it)"
+            f"\nprofile {name}, 0 loader workers, {plain['samples']} samples: {plain['wall_s']:.2f} s, CPU "
+            f"{plain['cpu_s']:.2f} s ({1e6 * plain['cpu_s'] / plain['samples']:.0f} us CPU a sample; building "
+            f"{plain['build_s']:.2f} s, first batch at {plain['first_batch_s']:.2f} s); "
+            f"under cProfile {profiled['wall_s']:.2f} s"
         )
         for order in ("tottime", "cumulative"):
             text = io.StringIO()
@@ -240,20 +251,20 @@ def report(results: dict[str, list[dict[str, float]]], info: dict[str, Any], loa
     base = [r["samples_per_s"] for r in results["folder"]]
     for name, runs in results.items():
         rate = [r["samples_per_s"] for r in runs]
-        row = [name, spread(rate)] + [spread([r[k] for r in runs]) for k in ("wall_s", "cpu_s", "first_batch_s")]
-        row.append(spread([r["server_cpu_s"] for r in runs]))
+        row = [name, spread(rate)] + [spread([r[k] for r in runs]) for k in COLUMNS]
         if name != "folder":
             ratio = common.paired_ratio(rate, base)
             ratios[name] = ratio
             row.append(
-                f"{ratio['paired']:.3f} ({ratio['low']:.3f}-{ratio['high']:.3f}; rounds "
+                f"{ratio['paired']:.3f} ({ratio['low']:.3f}-{ratio['high']:.3f}; "
                 f"{min(ratio['ratios']):.3f}-{max(ratio['ratios']):.3f})"
             )
         else:
             row.append("1")
         rows.append(row)
     print(f"\nmedian (min-max) of {len(base)} interleaved rounds; load average at each round's start {loads}")
-    header = ["contestant", "samples/s", "wall s", "CPU s", "first batch s", "S3 server CPU s", "/ folder (95% CI)"]
+    header = ["contestant", "samples/s", "wall s", "CPU s", "main's CPU s", "first batch s", "S3 server CPU s"]
+    header.append("/ folder (95% CI; rounds)")
     print(common.table(rows, header))
     return ratios
 

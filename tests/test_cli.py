@@ -132,7 +132,7 @@ def test_a_misspelt_command_is_one_line_with_the_closest_command(runjob_tester):
     assert result.returncode == 2
     assert result.stderr == (
         "runjob: swep: no such command; did you mean 'sweep'? Commands: run, validate, doctor, plugins, runs, diff, "
-        "rerun, sync, sweep, evaluate, predict, export\n"
+        "rerun, sync, sweep, evaluate, predict, export, data\n"
     )
     # a job file is still a job without a command: one that is there, or one named *.toml
     (runjob_tester.path / "swep").write_text('[model]\nname = "resnet18"\n')

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 
-from runjob import DataError, DatasetSplits, Streamed, StreamOptions, hookimpl, require_module, stream_manifest
+from runjob import DataError, DatasetSplits, Streamed, StreamOptions, hookimpl, require_module
 from runjob_builtins.image_datasets import IMAGENET_MEAN, IMAGENET_STD, ImageFileInputs
 
 if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
@@ -76,6 +76,9 @@ class ImageRecords:
 
 def build_streamed_images(options: StreamedImagesOptions) -> DatasetSplits:
     """The location's converted image splits, streamed."""
+    # lazy: plugin modules are imported by `runjob validate`, which reads no store
+    from runjob import stream_manifest
+
     manifest = stream_manifest(options)
     if manifest.get("kind") != "images":
         raise DataError(

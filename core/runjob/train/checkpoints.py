@@ -39,7 +39,7 @@ from runjob.host.run_folder import (
     checkpoint_step,
 )
 from runjob.job.keys import flat, value_text
-from runjob.train.data_loading import is_stream
+from runjob.train.data_loading import PositionedLoader, is_stream
 
 if TYPE_CHECKING:
     from runjob.host.events import Dispatcher
@@ -88,9 +88,10 @@ def save_checkpoint(
             temporary.mkdir(parents=True)
         accelerator.wait_for_everyone()
         accelerator.save_state(str(temporary), safe_serialization=True)
-        if is_stream(run.train_loader):  # every process's place in its share of the streamed data
+        loader = getattr(run, "train_loader", None)
+        if isinstance(loader, PositionedLoader):  # every process's place in its share of the streamed data
             position_file = temporary / DATA_POSITION_FILE.format(rank=accelerator.process_index)
-            position_file.write_text(json.dumps(run.train_loader.position()) + "\n", encoding="utf-8")
+            position_file.write_text(json.dumps(loader.position()) + "\n", encoding="utf-8")
         if accelerator.is_main_process:
             if run.scheduler is not None:
                 torch.save(run.scheduler.state_dict(), temporary / SCHEDULER_FILE)
@@ -245,7 +246,7 @@ def load_checkpoint(run: Run, checkpoint: Path, events: Dispatcher) -> Position:
         raise RunjobError(f"cannot load checkpoint {checkpoint}: {describe(error)}") from None
     events.load_states(states, str(checkpoint))
     position = Position(state["step"], state["epoch"], state["batches_done"])
-    if is_stream(run.train_loader) and position.batches_done:
+    if is_stream(getattr(run, "train_loader", None)) and position.batches_done:
         _restore_data_position(run, checkpoint)
     return position
 

@@ -18,7 +18,9 @@ workers, with the same transforms as the image-folder dataset).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import random
 import time
@@ -162,17 +164,20 @@ def convert_image_folder(
         # each, so chunks written class by class would give batches of one or two classes
         order = list(files)
         random.Random(WRITE_ORDER_SEED).shuffle(order)
-        optimize(
-            fn=image_record,
-            inputs=order,
-            output_dir=where.url(split),
-            chunk_bytes=chunk_bytes,
-            num_workers=workers,
-            mode="overwrite",
-            storage_options=stores.storage_options(stream),
-            keep_data_ordered=True,
-            start_method="fork",
-        )
+        # LitData's own lines (an advertisement, its inferred format, each worker's end) left out;
+        # its progress bar (stderr) stays
+        with contextlib.redirect_stdout(io.StringIO()):
+            optimize(
+                fn=image_record,
+                inputs=order,
+                output_dir=where.url(split),
+                chunk_bytes=chunk_bytes,
+                num_workers=workers,
+                mode="overwrite",
+                storage_options=stores.storage_options(stream),
+                keep_data_ordered=True,
+                start_method="fork",
+            )
         manifest["splits"][split] = {"samples": len(files), "digest": digests[split]}
         screen.say(f"runjob: {split}: {len(files)} samples in {time.perf_counter() - started:.1f} s")
     stores.write_object(stream, (json.dumps(manifest, indent=1) + "\n").encode(), MANIFEST_FILE)
