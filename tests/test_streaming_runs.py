@@ -141,3 +141,28 @@ def test_two_processes_stream_every_sample_once_and_resume_after_sigkill_bit_ide
     assert "resuming step-00000016" in resumed.stdout
     final = (tester.path / "out" / "model.safetensors").read_bytes()
     assert final == (tester.path / "straight" / "model.safetensors").read_bytes()
+
+
+def test_the_shipped_streamed_job_runs_on_shards_converted_by_the_readme_command(tester):
+    """jobs/digits_streamed.toml as written, from a folder where the README's two commands made
+    data/digits and data/digits-shards (10 steps of it: what is checked is that it runs)."""
+    from helpers import REPO
+
+    from runjob.commands.cli import main
+
+    export_digits(tester.path / "data" / "digits", image_size=32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tester.path)
+        assert main(["data", "convert", "data/digits", "data/digits-shards"]) == 0
+    result = tester.cli_subprocess(
+        REPO / "jobs" / "digits_streamed.toml",
+        "--set",
+        "train.max_steps=10",
+        "--output-dir",
+        "out",
+        timeout=RUN_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"streaming {tester.path / 'data' / 'digits-shards' / 'train'}: 1438 samples" in result.stdout
+    run = tester.record("out")
+    assert run.status == "FINISHED" and "val/accuracy" in run.metrics

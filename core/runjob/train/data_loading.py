@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import zlib
 from array import array
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from runjob.errors import DataError
 from runjob.host.components import Batch, Collate, DatasetSplits, ImageTensors, Sample, Split
@@ -251,7 +251,7 @@ def make_loaders(
 
     if isinstance(splits.train, Streamed):
         train = streamed(splits.train, training=True)
-        screen.say(f"runjob: {train.summary()}")
+        screen.say(f"runjob: {cast(PositionedLoader, train).summary()}")
     else:
         train = DataLoader(
             dataset(splits.train, augment=True),

@@ -22,8 +22,11 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import random
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +41,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 MANIFEST_VERSION = 1
 SPLITS = ("train", "val", "test")
 WRITE_ORDER_SEED = 0
+STAGING_CHUNKS = "DATA_OPTIMIZER_CACHE_FOLDER"  # LitData's staging folders, read from the environment
+STAGING_DATA = "DATA_OPTIMIZER_DATA_CACHE_FOLDER"
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,7 @@ def convert_image_folder(
         random.Random(WRITE_ORDER_SEED).shuffle(order)
         # LitData's own lines (an advertisement, its inferred format, each worker's end) left out;
         # its progress bar (stderr) stays
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), _staging_folders():
             optimize(
                 fn=image_record,
                 inputs=order,
@@ -183,6 +188,27 @@ def convert_image_folder(
     stores.write_object(stream, (json.dumps(manifest, indent=1) + "\n").encode(), MANIFEST_FILE)
     screen.say(f"runjob: wrote {where.url(MANIFEST_FILE)} ({_counts(manifest)}; digest {source[:12]})")
     return manifest
+
+
+@contextlib.contextmanager
+def _staging_folders() -> Iterator[None]:
+    """Folders of this conversion's own for the chunks LitData writes before uploading them. Its
+    default, one folder under the system's temporary folder, is shared by every conversion on the
+    machine: two at once (two users, two tests) uploaded and deleted each other's chunks and left an
+    index of no chunks."""
+    names = {STAGING_CHUNKS: "chunks", STAGING_DATA: "data"}
+    before = {name: os.environ.get(name) for name in names}
+    with tempfile.TemporaryDirectory(prefix="runjob-convert-") as folder:
+        for name, sub in names.items():
+            os.environ[name] = os.path.join(folder, sub)
+        try:
+            yield
+        finally:
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def _counts(manifest: Manifest) -> str:

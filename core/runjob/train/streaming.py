@@ -24,7 +24,6 @@ This module imports LitData and torch: only a job with a streamed split imports 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -38,7 +37,6 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-import numpy as np
 import torch
 from accelerate.data_loader import DataLoaderStateMixin
 from accelerate.state import GradientState
@@ -49,6 +47,7 @@ from litdata.streaming.sampler import ChunkedIndex
 from runjob.errors import DataError, describe
 from runjob.host.components import Batch, Collate, Sample
 from runjob.host.streams import Streamed, StreamOptions, StreamPosition
+from runjob.record.prediction import collate as default_collate
 from runjob.tags import STREAM_DROPPED_TAG, STREAM_LOCATION_TAG, STREAM_PADDED_TAG, STREAM_SHARES_TAG
 from runjob.train import stores
 
@@ -124,16 +123,19 @@ def cache_budget(stream: StreamOptions, split: str, workers: int, splits: int = 
     return budget
 
 
-@contextlib.contextmanager
-def _quiet(name: str) -> Iterator[None]:
-    """Library log ``name``'s warnings left out for the block (errors still pass)."""
-    log = logging.getLogger(name)
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
+class _KnownNotices(logging.Filter):
+    """LitData's warnings about what runjob chose on purpose, left out of the run's log and terminal:
+    a ``max_cache_size`` under 25 GB (``cache_limit`` is the user's) and the override of its state's
+    checks on resume (runjob checks the data, seed, batch size and processes itself, and lets the
+    cache folder move)."""
+
+    NOTICES = ("The provided `max_cache_size` is less than", "Using state dict override")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(str(record.msg).startswith(notice) for notice in self.NOTICES)
+
+
+logging.getLogger(LITDATA_DATASET_LOG).addFilter(_KnownNotices())  # before any loader worker forks
 
 
 class RecordStream(StreamingDataset):  # type: ignore[misc]  # LitData has no type information
@@ -145,18 +147,17 @@ class RecordStream(StreamingDataset):  # type: ignore[misc]  # LitData has no ty
         allow_http(stream.endpoint)
         cache = cache_folder(stream, streamed.split, streamed.digest)
         cache.mkdir(parents=True, exist_ok=True)
-        with _quiet(LITDATA_DATASET_LOG):  # LitData warns of any max_cache_size under 25 GB: cache_limit is the user's
-            super().__init__(
-                streamed.url,
-                cache_dir=str(cache),
-                shuffle=shuffle,
-                drop_last=False,
-                seed=seed,
-                storage_options=stores.storage_options(stream),
-                max_cache_size=cache_budget(stream, streamed.split, workers, splits),
-                max_pre_download=stream.chunks_ahead,
-                force_override_state_dict=True,  # the cache folder may move between attempts: runjob checks the rest
-            )
+        super().__init__(
+            streamed.url,
+            cache_dir=str(cache),
+            shuffle=shuffle,
+            drop_last=False,
+            seed=seed,
+            storage_options=stores.storage_options(stream),
+            max_cache_size=cache_budget(stream, streamed.split, workers, splits),
+            max_pre_download=stream.chunks_ahead,
+            force_override_state_dict=True,  # the cache folder may move between attempts: runjob checks the rest
+        )
         self.record_transform = streamed.transform
         self.draw_seed = seed
         self.augment = streamed.augment
@@ -166,41 +167,53 @@ class RecordStream(StreamingDataset):  # type: ignore[misc]  # LitData has no ty
         sample = int(index.index) if isinstance(index, ChunkedIndex) else int(cast(int, index))
         epoch = int(self.current_epoch) if self.augment else 0
         draw = random.Random(zlib.crc32(array("q", [self.draw_seed, epoch, sample]).tobytes()))
-        result = self.record_transform(record, draw)
-        return as_arrays(result) if torch.utils.data.get_worker_info() is not None else result
+        return self.record_transform(record, draw)
 
 
-def as_arrays(sample: Sample) -> Sample:
-    """A sample's tensors as numpy arrays (in tuples, lists and dicts alike), to cross from a loader
-    worker by value: torch sends each tensor through a shared-memory segment of its own, which for
-    one small sample at a time halved the samples per second here (RESULTS 15)."""
-    if isinstance(sample, torch.Tensor):
-        return sample.numpy()
-    if isinstance(sample, tuple):
-        return tuple(as_arrays(item) for item in sample)
-    if isinstance(sample, list):
-        return [as_arrays(item) for item in sample]
-    if isinstance(sample, dict):
-        return {key: as_arrays(item) for key, item in sample.items()}
-    return sample
+def rows(group: Batch) -> int:
+    """How many samples a collated group holds (its tensors' first dimension)."""
+    if isinstance(group, torch.Tensor):
+        return int(group.shape[0])
+    if isinstance(group, dict):
+        return rows(next(iter(group.values())))
+    if isinstance(group, (tuple, list)) and group:
+        return rows(group[0])
+    raise DataError(f"a streamed batch holds no tensor to count its samples by: {type(group).__name__}")
 
 
-def as_tensors(sample: Sample) -> Sample:
-    """What :func:`as_arrays` made, back as tensors (sharing the arrays' memory)."""
-    if isinstance(sample, np.ndarray):
-        return torch.from_numpy(sample)
-    if isinstance(sample, tuple):
-        return tuple(as_tensors(item) for item in sample)
-    if isinstance(sample, list):
-        return [as_tensors(item) for item in sample]
-    if isinstance(sample, dict):
-        return {key: as_tensors(item) for key, item in sample.items()}
-    return sample
+def take(group: Batch, start: int, stop: int) -> Batch:
+    """Samples ``start`` to ``stop`` of a collated group (every tensor's rows; tuples, lists and dicts alike)."""
+    if isinstance(group, torch.Tensor):
+        return group[start:stop]
+    if isinstance(group, dict):
+        return {key: take(value, start, stop) for key, value in group.items()}
+    if isinstance(group, (tuple, list)):
+        return type(group)(take(value, start, stop) for value in group)
+    return group
+
+
+def join(pieces: list[Batch]) -> Batch:
+    """Collated pieces of one structure as one batch (their tensors concatenated along the rows)."""
+    first = pieces[0]
+    if len(pieces) == 1:
+        return first
+    if isinstance(first, torch.Tensor):
+        return torch.cat(pieces)
+    if isinstance(first, dict):
+        return {key: join([piece[key] for piece in pieces]) for key in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(join([piece[i] for piece in pieces]) for i in range(len(first)))
+    return first
 
 
 def _only(records: list[Sample]) -> Sample:
-    """The collate function of LitData's loader: records come one at a time; runjob batches them."""
+    """The collate function of a loader that reads one record at a time."""
     return records[0]
+
+
+def _as_list(records: list[Sample]) -> list[Sample]:
+    """The collate function of a LitData loader whose groups a dataset's own collate batches."""
+    return records
 
 
 @dataclass(frozen=True)
@@ -257,6 +270,7 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
         self.accelerator = accelerator
         self.seed, self.batch_size, self.training, self.workers = seed, batch_size, training, num_workers
         self.collate = collate
+        self.collated_groups = collate is default_collate  # runjob's stacking collate: groups cut by rows
         self.pin_memory = pin_memory
         self.prefetch_factor = prefetch_factor
         self.worker_init = worker_init
@@ -267,7 +281,9 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
             # the loader workers start anew each epoch, forked from this process: with the transform's
             # modules (torchvision, PIL) imported here once, not in every worker every epoch (seconds each)
             first_samples(streamed, 1)
-        own = int(self.dataset.get_len(num_workers, 1))
+        own = int(
+            self.dataset.get_len(num_workers, batch_size)
+        )  # the batch size the loader reads with: LitData keeps it
         samples = [own]
         if accelerator.num_processes > 1:
             counts = accelerator.gather(torch.tensor([own], device=accelerator.device))
@@ -290,12 +306,20 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
         self.yielded = 0  # batches of this epoch handed out
         self.valid: torch.Tensor | None = None  # which rows of the last batch are samples, not copies
         self._restored: StreamPosition | None = None
+        self._group_state: StreamPosition | None = None
+        self._taken = 0
 
     def _records(self, dataset: RecordStream, workers: int) -> StreamingDataLoader:
         extra: dict[str, object] = {}
         if workers:
             extra = {"worker_init_fn": self.worker_init, "prefetch_factor": self.prefetch_factor}
-        return StreamingDataLoader(dataset, batch_size=1, num_workers=workers, collate_fn=_only, **extra)
+        # the workers hand over their samples in groups, collated there (one shared-memory tensor per
+        # field and group: one at a time cost twice the CPU, RESULTS 17); runjob cuts the groups into
+        # batches of exactly batch_size. A dataset's own collate (padding, say) gets lists of samples.
+        collate_fn = self.collate if self.collated_groups else _as_list
+        return StreamingDataLoader(
+            dataset, batch_size=self.batch_size, num_workers=workers, collate_fn=collate_fn, **extra
+        )
 
     def __len__(self) -> int:
         return self.shares.target
@@ -345,7 +369,10 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
             "batch_size": self.batch_size,
             "epoch": self.epoch,
             "batches": self.yielded,
-            "litdata": self.records.state_dict(),
+            # LitData's state before the group being handed out (None: the epoch's first) and how
+            # many of that group's records the yielded batches hold
+            "litdata": self._group_state,
+            "taken": self._taken,
         }
 
     def restore(self, position: StreamPosition, source: str) -> None:
@@ -383,22 +410,45 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
         start = int(restored["batches"]) if restored is not None and int(restored["epoch"]) == self.epoch else 0
         self.yielded = start
         if start < own:
+            skip = 0
             if start and restored is not None:
-                self.records.load_state_dict(restored["litdata"])
+                skip = int(restored["taken"])  # records of the group already in a batch
+                if restored["litdata"] is not None:
+                    self.records.load_state_dict(restored["litdata"])
+                else:
+                    self.records.current_epoch = self.epoch
             else:
                 self.records.current_epoch = self.epoch  # LitData counts epochs from 1: its __iter__ adds one
-            pending: list[Sample] = []
-            for record in self._read():  # to the end: LitData's epoch then ends as it expects
-                pending.append(record)
-                if len(pending) == size and self.yielded < own:
-                    yield self._batch(pending)
-                    pending = []
+            pending: list[Batch] = []  # pieces of groups for the next batch
+            held = 0
+            for state, group in self._groups():  # to the end: LitData's epoch then ends as it expects
+                count = rows(group) if self.collated_groups else len(group)
+                at = min(skip, count)
+                skip -= at
+                while at < count and self.yielded < own:
+                    stop = min(count, at + size - held)
+                    pending.append(take(group, at, stop) if self.collated_groups else group[at:stop])
+                    held += stop - at
+                    at = stop
+                    if held == size:
+                        self._group_state, self._taken = state, at
+                        yield self._batch(pending)
+                        pending, held = [], 0
             if pending and self.yielded < own:  # the short last batch (train.drop_last = false, or evaluation)
+                self._group_state, self._taken = None, 0
                 yield self._batch(pending)
         if self.yielded < shares.target:
             yield from self._padding(shares.target - self.yielded)
 
-    def _read(self) -> Iterator[Sample]:
+    def _groups(self) -> Iterator[tuple[StreamPosition | None, Batch]]:
+        """LitData's record groups, each with LitData's state before it (None for the epoch's first)."""
+        groups = self._read()
+        state: StreamPosition | None = None
+        for group in groups:
+            yield state, group
+            state = self.records.state_dict()
+
+    def _read(self) -> Iterator[Batch]:
         """LitData's records, its failures as one line naming the split's location (a damaged or
         truncated chunk, a download that failed after its retries); a transform's DataError as it is."""
         try:
@@ -420,21 +470,31 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
         loader.current_epoch = self.epoch
         first = list(islice(loader, self.batch_size))
         del loader, again
+        piece = self.collate(first) if self.collated_groups else first
         for _ in range(count):
             # training learns from the copies, as from DistributedSampler's; evaluation masks them out
-            yield self._batch(list(first), valid=len(first) if self.training else 0)
+            yield self._batch([piece], valid=len(first) if self.training else 0)
 
-    def _batch(self, records: list[Sample], valid: int | None = None) -> Batch:
-        """A batch of ``records`` on the device (``valid``: how many of them count, all by default);
-        evaluation fills a short one to the batch size with copies that do not count."""
-        count = len(records) if valid is None else valid
-        if not self.training and len(records) < self.batch_size:
-            records = records + [records[i % len(records)] for i in range(self.batch_size - len(records))]
-        self.valid = torch.arange(len(records), device=self.device) < count
+    def _batch(self, pieces: list[Batch], valid: int | None = None) -> Batch:
+        """The batch of ``pieces`` (collated groups' rows, or lists of samples) on the device
+        (``valid``: how many of its samples count, all by default); evaluation fills a short one to
+        the batch size with copies that do not count."""
+        if self.collated_groups:
+            batch = join(pieces)
+            count = rows(batch)
+            if not self.training and count < self.batch_size:
+                batch = take(join([batch] * -(-self.batch_size // count)), 0, self.batch_size)
+        else:
+            records = [record for piece in pieces for record in piece]
+            count = len(records)
+            if not self.training and count < self.batch_size:
+                records += [records[i % count] for i in range(self.batch_size - count)]
+            batch = self.collate(records)
+        size = self.batch_size if not self.training else count
+        self.valid = torch.arange(max(size, count), device=self.device) < (count if valid is None else valid)
         self.yielded += 1
         if self.yielded >= self.shares.target:
             self.end_of_dataloader = True
-        batch = self.collate([as_tensors(record) for record in records] if self.workers else records)
         return send_to_device(batch, self.device, non_blocking=self.pin_memory)
 
 
