@@ -3,7 +3,7 @@ the same images read from a local image folder.
 
 The data: scikit-learn's digits exported as 32x32 PNG (``export_image_folder``), each file copied
 ``--copies`` times under new names (10: 17,970 images, 14,380 of them in train/), converted with
-``runjob data convert`` (in this process, 2 writer workers, ``--chunk-bytes`` 8MB: its default) to
+``runjob data convert`` (in this process, 2 writer workers, ``--chunk-bytes`` auto: its default) to
 moto's S3 server, started here on 127.0.0.1 (a free port, fake credentials, stopped at the end),
 and to a local folder of shards. Contestants, each one epoch of the train split, shuffled, batch
 ``--batch``, ``--workers`` loader workers, the same transform (RGB, resize 32, ToTensor, Normalize
@@ -283,7 +283,7 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=10, help="copies of each digits image (10: 17,970 images)")
     parser.add_argument("--workers", type=int, default=2, help="loader workers")
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--chunk-bytes", default="8MB", help="runjob data convert's --chunk-bytes (its default)")
+    parser.add_argument("--chunk-bytes", default="auto", help="runjob data convert's --chunk-bytes (its default: auto)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (0: torch's default)")
     parser.add_argument("--profile", action="store_true", help="then profile one epoch of folder and s3 in-process")
     parser.add_argument("--top", type=int, default=25, help="functions listed per profile")

@@ -1169,7 +1169,7 @@ def test_pytorchjob_s3_caches_shards_on_a_node_local_volume_that_holds_the_cache
         scratch = volume["emptyDir"]  # node-local, gone with the pod
         assert scratch.get("medium") != "Memory", "the shards would count against the pod's memory"
         size = k8s_bytes(scratch["sizeLimit"])
-        # runjob keeps the whole cache (its splits share it) under cache_limit; past sizeLimit the kubelet evicts the pod
+        # runjob keeps the whole cache (its splits share it) under cache_limit; past sizeLimit the pod is evicted
         limit = parse_size(overrides["dataset.cache_limit"])
         assert limit < size <= 2 * limit, (overrides["dataset.cache_limit"], scratch["sizeLimit"])
         # the scheduler puts the pod on a node with that much disk free

@@ -374,7 +374,12 @@ def add_trained_model_commands(commands: argparse._SubParsersAction[_Parser], ur
     convert.add_argument(
         "--endpoint-url", metavar="URL", help="an S3-compatible store (MinIO, Ceph, R2); default $AWS_ENDPOINT_URL"
     )
-    convert.add_argument("--chunk-bytes", default="8MB", metavar="SIZE", help="the size of each shard (8MB)")
+    convert.add_argument(
+        "--chunk-bytes",
+        default="auto",
+        metavar="SIZE",
+        help="the size of each shard; auto: a split's size over 16, from 1MB to 64MB (enough shards for the workers)",
+    )
     convert.add_argument(
         "--workers",
         type=int,

@@ -16,7 +16,8 @@ def cmd_data(args: argparse.Namespace) -> int:
 
     try:
         stream = StreamOptions(location=args.location, endpoint_url=args.endpoint_url)
-        parse_size(args.chunk_bytes)
+        if args.chunk_bytes != "auto":
+            parse_size(args.chunk_bytes)
     except (ValidationError, ValueError) as error:
         problem = error.errors()[0]["msg"] if isinstance(error, ValidationError) else str(error)
         raise DataError(f"runjob data convert: {problem.removeprefix('Value error, ')}") from None

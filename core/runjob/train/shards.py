@@ -41,6 +41,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 MANIFEST_VERSION = 1
 SPLITS = ("train", "val", "test")
 WRITE_ORDER_SEED = 0
+CHUNKS_AIMED = 16
+MIN_CHUNK, MAX_CHUNK = 1_000_000, 64_000_000
 STAGING_CHUNKS = "DATA_OPTIMIZER_CACHE_FOLDER"  # LitData's staging folders, read from the environment
 STAGING_DATA = "DATA_OPTIMIZER_DATA_CACHE_FOLDER"
 
@@ -176,13 +178,14 @@ def convert_image_folder(
                 fn=image_record,
                 inputs=order,
                 output_dir=where.url(split),
-                chunk_bytes=chunk_bytes,
+                chunk_bytes=chunk_size(files) if chunk_bytes == "auto" else chunk_bytes,
                 num_workers=workers,
                 mode="overwrite",
                 storage_options=stores.storage_options(stream),
                 keep_data_ordered=True,
                 start_method="fork",
             )
+        _check_index(stream, split, len(files))
         manifest["splits"][split] = {"samples": len(files), "digest": digests[split]}
         screen.say(f"runjob: {split}: {len(files)} samples in {time.perf_counter() - started:.1f} s")
     stores.write_object(stream, (json.dumps(manifest, indent=1) + "\n").encode(), MANIFEST_FILE)
@@ -209,6 +212,31 @@ def _staging_folders() -> Iterator[None]:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def _check_index(stream: StreamOptions, split: str, samples: int) -> None:
+    """That LitData's index of a split, as the store holds it, lists all ``samples``: a failed upload
+    LitData only logs must not get a ``runjob.json``."""
+    url = stream.where.url(split, "index.json")
+    try:
+        chunks = json.loads(stores.read_object(stream, split, "index.json"))["chunks"]
+        written = sum(int(chunk["chunk_size"]) for chunk in chunks)
+    except (ValueError, KeyError, TypeError) as error:
+        raise DataError(f"{url} is not a LitData index ({error}): run `runjob data convert` again") from None
+    if written != samples:
+        raise DataError(
+            f"{url} lists {written} of the split's {samples} samples (an upload failed): the location has no "
+            "finished conversion; run `runjob data convert` again"
+        )
+
+
+def chunk_size(files: list[ImageFile]) -> int:
+    """``--chunk-bytes auto``: a split's bytes over :data:`CHUNKS_AIMED`, from 1 MB to 64 MB. Each
+    loader worker reads whole chunks, downloaded while it reads the one before: a split of a couple
+    of chunks leaves a worker waiting for its first download (17,970 small images in two 4.5 MB
+    chunks streamed at 0.76x the image folder's samples/s, in 1 MB chunks at 1.04x: RESULTS 17)."""
+    total = sum(os.path.getsize(item.path) for item in files)
+    return max(MIN_CHUNK, min(MAX_CHUNK, total // CHUNKS_AIMED))
 
 
 def _counts(manifest: Manifest) -> str:
