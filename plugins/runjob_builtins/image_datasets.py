@@ -78,16 +78,10 @@ class CIFAR10Options(Options):
         return root
 
 
-class ImageFolderOptions(Options):
-    root: ExistingDir
-    """A folder holding train/<class>/ and val/<class>/ images."""
-    image_size: int | None = Field(None, ge=1)
-    """Resize every image to image_size x image_size; by default images keep their size."""
-    augment: bool = False
-    """Random horizontal flip for training."""
-    in_memory: bool = False
-    """Decode every image once at the start and keep them all on the training device (the images must
-    have one size: set image_size); batches are then flipped and normalized there as whole tensors."""
+class ImageNormalization(Options):
+    """``mean`` and ``std`` of an image dataset's normalization, one per RGB channel, checked: the
+    options of ``imagefolder`` and ``streamed_images`` take them alike."""
+
     mean: list[float] = Field(default_factory=lambda: list(IMAGENET_MEAN))
     std: list[float] = Field(default_factory=lambda: list(IMAGENET_STD))
 
@@ -104,6 +98,18 @@ class ImageFolderOptions(Options):
         if len(values) != 3 or not all(v > 0 for v in values):
             raise ValueError(f"needs 3 positive numbers (one per RGB channel), got {values}")
         return values
+
+
+class ImageFolderOptions(ImageNormalization):
+    root: ExistingDir
+    """A folder holding train/<class>/ and val/<class>/ images."""
+    image_size: int | None = Field(None, ge=1)
+    """Resize every image to image_size x image_size; by default images keep their size."""
+    augment: bool = False
+    """Random horizontal flip for training."""
+    in_memory: bool = False
+    """Decode every image once at the start and keep them all on the training device (the images must
+    have one size: set image_size); batches are then flipped and normalized there as whole tensors."""
 
     @field_validator("root")
     @classmethod

@@ -9,10 +9,10 @@ import io
 import random
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from runjob import DataError, DatasetSplits, Streamed, StreamOptions, hookimpl, require_module
-from runjob_builtins.image_datasets import IMAGENET_MEAN, IMAGENET_STD, ImageFileInputs
+from runjob_builtins.image_datasets import ImageFileInputs, ImageNormalization
 
 if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
     import torch
@@ -20,27 +20,11 @@ if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
     from runjob import Register
 
 
-class StreamedImagesOptions(StreamOptions):
+class StreamedImagesOptions(ImageNormalization, StreamOptions):
     image_size: int | None = Field(None, ge=1)
     """Resize every image to image_size x image_size; by default images keep their size."""
     augment: bool = False
     """Random horizontal flip for training (drawn from the job's seed, the epoch and the image)."""
-    mean: list[float] = Field(default_factory=lambda: list(IMAGENET_MEAN))
-    std: list[float] = Field(default_factory=lambda: list(IMAGENET_STD))
-
-    @field_validator("mean", "std")
-    @classmethod
-    def _three_values(cls, values: list[float]) -> list[float]:
-        if len(values) != 3:
-            raise ValueError(f"needs 3 numbers (one per RGB channel), got {values}")
-        return values
-
-    @field_validator("std")
-    @classmethod
-    def _positive(cls, values: list[float]) -> list[float]:
-        if not all(v > 0 for v in values):
-            raise ValueError(f"needs positive numbers, got {values}")
-        return values
 
     @model_validator(mode="after")
     def _needs_litdata(self) -> StreamedImagesOptions:

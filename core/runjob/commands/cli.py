@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor = commands.add_parser(
         "doctor",
-        help="check this machine for a job: torch, CUDA, GPUs, NCCL, /dev/shm, MLflow, plugins",
+        help="check this machine for a job: torch, CUDA, GPUs, NCCL, /dev/shm, MLflow, the data's store, plugins",
         description="Check the environment (and, given a job, what it needs). Exit 1 on a blocking problem.",
     )
     doctor.add_argument("job", type=Path, nargs="?", help="a job file to check the environment against (optional)")
