@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from runjob.host.run_context import RunContext as RunContext
     from runjob.host.run_context import RunState as RunState
     from runjob.host.run_folder import RunFolder as RunFolder
+    from runjob.host.streams import ShardSource as ShardSource
     from runjob.host.streams import Streamed as Streamed
     from runjob.host.streams import StreamOptions as StreamOptions
     from runjob.host.task import Generating as Generating
@@ -78,6 +79,7 @@ _LAZY = {
     "require_module": "runjob.host.components",
     "StreamOptions": "runjob.host.streams",
     "Streamed": "runjob.host.streams",
+    "ShardSource": "runjob.host.streams",
     "stream_manifest": "runjob.train.shards",
     "Callback": "runjob.host.callback",
     "CallbackOptions": "runjob.host.callback",

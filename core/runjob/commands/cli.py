@@ -360,17 +360,34 @@ def add_trained_model_commands(commands: argparse._SubParsersAction[_Parser], ur
     data_commands = data.add_subparsers(dest="data_command", metavar="{convert}", required=True)
     convert = data_commands.add_parser(
         "convert",
-        help="write an image folder as shards to s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a local folder",
+        help="write a data set as shards to s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a local folder",
         description=(
-            "Write SOURCE, an image folder (train/<class>/, val/<class>/ and optionally test/<class>/), as LitData "
-            "shards to LOCATION, one folder per split, and runjob.json last (no run reads a location without it). "
+            "Write SOURCE, read by the converter --from names (images: an image folder; table: a CSV or Parquet "
+            "file; text: text files; `runjob plugins --long` lists them), as LitData shards to LOCATION, one folder "
+            "per split, and runjob.json last (no run reads a location without it). "
             "Run again after an interruption: a finished conversion of the same source is left as it is. "
             "Credentials come from the environment (AWS_* variables, a profile, the instance's role; "
             "GOOGLE_APPLICATION_CREDENTIALS)."
         ),
     )
-    convert.add_argument("source", type=Path, help="an image folder: train/<class>/*.png, val/<class>/*.png")
+    convert.add_argument(
+        "source", help="what to convert: an image folder (train/<class>/, val/<class>/), a table, text files"
+    )
     convert.add_argument("location", help="s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or a local folder")
+    convert.add_argument(
+        "--from",
+        dest="source_kind",
+        default="images",
+        metavar="NAME",
+        help="the converter that reads SOURCE (default images; built in: images, table, text)",
+    )
+    convert.add_argument(
+        "-o",
+        "--option",
+        action="append",
+        metavar="KEY=VALUE",
+        help='an option of the converter (repeat; VALUE as in TOML: 0.2, true, ["a", "b"]), e.g. -o target=label',
+    )
     convert.add_argument(
         "--endpoint-url", metavar="URL", help="an S3-compatible store (MinIO, Ceph, R2); default $AWS_ENDPOINT_URL"
     )

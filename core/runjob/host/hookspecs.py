@@ -132,6 +132,24 @@ def runjob_register_exporters(register: Register) -> None:
 
 
 @hookspec
+def runjob_register_converters(register: Register) -> None:
+    """Register sources for ``runjob data convert SOURCE LOCATION --from NAME`` (built in:
+    ``images``, ``table``, ``text``): how a data set on local disk becomes shards that a streamed
+    dataset (options derived from :class:`runjob.StreamOptions`) reads from an object store.
+
+    Called once, at plugin load; call ``register(name, convert, options=..., description=...)``
+    once per source. ``convert(source: pathlib.Path | str, options) -> runjob.ShardSource`` reads
+    SOURCE (a path, or the text given when it is a pattern) and returns its items per split and the
+    module-level function that turns an item into a stored record; ``options`` holds the command's
+    ``--option KEY=VALUE`` pairs, validated by the options class. runjob writes the shards (in
+    parallel, with a progress bar, in a seeded random order), checks the upload and writes
+    ``runjob.json`` last, with the source's ``facts`` and digests; a location without it is read by
+    no run. Raise ``runjob.DataError`` (or ``ValueError``) naming what is wrong with SOURCE: the
+    command reports it in one line, exit code 2, and writes nothing.
+    """
+
+
+@hookspec
 def runjob_register_inputs(register: Register) -> None:
     """Register the :class:`runjob.Inputs` classes a plugin's datasets give (``DatasetSplits.inputs``),
     so a finished run's predictor can be rebuilt from data.

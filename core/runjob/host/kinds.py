@@ -70,6 +70,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("task", "tasks", default="classification", options_base=TaskOptions),
     Kind("adapter", "adapters", inside="model"),
     Kind("exporter", "exporters", inside="command"),
+    Kind("converter", "converters", inside="command"),
     Kind("inputs", "inputs", inside="run", factory_class=Inputs),
     Kind(
         "callback",

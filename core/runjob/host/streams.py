@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -216,3 +216,28 @@ class Streamed:
 
     def __len__(self) -> int:
         return self.samples
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """What a converter (``runjob_register_converters``) returns for ``runjob data convert``: a
+    source's items, split, and how each becomes a stored record. runjob writes them as LitData
+    shards to the location (in a seeded random order, so a shuffled epoch's batches mix the whole
+    split), checks the upload, and writes ``runjob.json`` last with ``facts`` in it; the streamed
+    dataset reads them back with :func:`runjob.stream_manifest`.
+
+    ``record(item)`` runs in the conversion's worker processes: a module-level function (or a
+    picklable object) returning a dict of bytes, numbers, strings or lists of numbers; put an
+    ``"id"`` in it, the item's place in its split, so a run's samples can be told apart."""
+
+    splits: dict[str, Sequence[Any]]
+    """Each split's items (``"train"`` and ``"val"``, optionally ``"test"``): one record each."""
+    record: Callable[[Any], Record]
+    digests: dict[str, str]
+    """Each split's content digest (what a run's record names as the data it trained on)."""
+    source: str
+    """What was converted, as a user names it (a path, a pattern)."""
+    facts: Record = field(default_factory=dict)
+    """What the streamed dataset needs to read the records back (JSON): classes, columns, scales."""
+    sizes: dict[str, int] = field(default_factory=dict)
+    """Each split's size in bytes, about (``--chunk-bytes auto`` aims at 16 chunks a split)."""

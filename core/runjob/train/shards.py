@@ -1,19 +1,19 @@
 """``runjob data convert``: a source of samples written as shards (LitData's ``optimize``) to a location.
 
-A source is an image folder (``train/<class>/``, ``val/<class>/``, as the ``imagefolder`` dataset
-reads it). Each split becomes a folder of chunks and an ``index.json`` under the location
-(``LOCATION/train/``, ``LOCATION/val/``), written by LitData's worker processes straight to the store;
-``runjob.json`` (:data:`runjob.host.streams.MANIFEST_FILE`) is written last and names what the shards
-hold: the kind, the classes, each split's sample count and digest, and the source's digest. A
-location without it holds no finished conversion and no run reads it; a conversion run again after
-an interruption starts the split over. A location whose conversion finished is left as it is when
-the source has not changed, and refused otherwise unless ``--overwrite``.
+A converter (``runjob_register_converters``; built in: ``images``, ``table``, ``text``) reads the
+source and returns a :class:`~runjob.host.streams.ShardSource`: each split's items and the function
+that turns an item into a record. Each split becomes a folder of chunks and an ``index.json`` under
+the location (``LOCATION/train/``, ``LOCATION/val/``), written by LitData's worker processes straight
+to the store; ``runjob.json`` (:data:`runjob.host.streams.MANIFEST_FILE`) is written last and names
+what the shards hold: the converter, its facts (classes, columns, context), each split's sample count
+and digest, and the source's digest. A location without it holds no finished conversion and no run
+reads it; a conversion run again after an interruption starts the split over. A location whose
+conversion finished is left as it is when the source has not changed, and refused otherwise unless
+``--overwrite``.
 
-Each split's records are written in a seeded random order (a shuffled epoch mixes chunks and the
-samples within each chunk, not samples across chunks). Records are what the streamed datasets read
-back: ``{"id": int, "label": int, "image": bytes}``
-(the file's own bytes: decoding, resizing and augmenting happen in the training run's loader
-workers, with the same transforms as the image-folder dataset).
+Each split's records are written in a seeded random order: a shuffled epoch mixes chunks and the
+samples within each chunk, not samples across chunks, so records written in the source's order
+(class by class, file by file) would give batches of one or two classes or files.
 """
 
 from __future__ import annotations
@@ -27,17 +27,15 @@ import random
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 from runjob.errors import DataError
 from runjob.host.output import screen
-from runjob.host.streams import MANIFEST_FILE, Record, StreamOptions
+from runjob.host.streams import MANIFEST_FILE, Record, ShardSource, StreamOptions
 from runjob.train import stores
 
 Manifest = Record
 """A conversion's ``runjob.json``, read as JSON."""
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 MANIFEST_VERSION = 1
 SPLITS = ("train", "val", "test")
 WRITE_ORDER_SEED = 0
@@ -45,56 +43,8 @@ CHUNKS_AIMED = 16
 MIN_CHUNK, MAX_CHUNK = 1_000_000, 64_000_000
 STAGING_CHUNKS = "DATA_OPTIMIZER_CACHE_FOLDER"  # LitData's staging folders, read from the environment
 STAGING_DATA = "DATA_OPTIMIZER_DATA_CACHE_FOLDER"
-
-
-@dataclass(frozen=True)
-class ImageFile:
-    """One image of an image folder: its place in its split (the record's id), class and path."""
-
-    id: int
-    label: int
-    path: str
-
-
-def image_folder(root: Path) -> tuple[list[str], dict[str, list[ImageFile]]]:
-    """The classes and each split's images of an image folder (sorted: ids are stable), with a
-    one-line DataError for a folder that is not one."""
-    splits = [name for name in SPLITS if (root / name).is_dir()]
-    if "train" not in splits or "val" not in splits:
-        raise DataError(f"{root}: an image folder holds train/<class>/ and val/<class>/ folders of images")
-    classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir())
-    if not classes:
-        raise DataError(f"{root / 'train'}: no class folders")
-    found: dict[str, list[ImageFile]] = {}
-    for split in splits:
-        others = sorted(p.name for p in (root / split).iterdir() if p.is_dir() and p.name not in classes)
-        if others:
-            raise DataError(f"{root / split}: class folders {others} are not in train/ ({len(classes)} classes)")
-        files = [
-            (label, path)
-            for label, name in enumerate(classes)
-            if (root / split / name).is_dir()
-            for path in sorted((root / split / name).rglob("*"))
-            if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES
-        ]
-        if not files:
-            raise DataError(f"{root / split}: no image files ({', '.join(IMAGE_SUFFIXES)})")
-        found[split] = [ImageFile(i, label, str(path)) for i, (label, path) in enumerate(files)]
-    return classes, found
-
-
-def split_digest(root: Path, files: list[ImageFile]) -> str:
-    """A digest of a split's images: each one's place, class, name and bytes."""
-    digest = hashlib.sha256()
-    for item in files:
-        digest.update(f"{item.id}\0{item.label}\0{Path(item.path).relative_to(root).as_posix()}\0".encode())
-        digest.update(Path(item.path).read_bytes())
-    return digest.hexdigest()
-
-
-def image_record(item: ImageFile) -> Record:
-    """The record of one image (run in LitData's worker processes)."""
-    return {"id": item.id, "label": item.label, "image": Path(item.path).read_bytes()}
+RESERVED = ("version", "format", "kind", "source", "source_digest", "write_order_seed", "splits")
+"""The manifest's own keys: a converter's facts may not use them."""
 
 
 def read_manifest(stream: StreamOptions) -> Manifest | None:
@@ -127,22 +77,24 @@ def stream_manifest(stream: StreamOptions) -> Manifest:
     return manifest
 
 
-def convert_image_folder(
-    root: Path, stream: StreamOptions, *, chunk_bytes: str, workers: int, overwrite: bool
+def write_shards(
+    kind: str, source: ShardSource, stream: StreamOptions, *, chunk_bytes: str, workers: int, overwrite: bool
 ) -> Manifest:
-    """Write the image folder ``root`` as shards to ``stream``'s location; returns the manifest."""
+    """Write ``source`` (converter ``kind``'s reading of a data set) as shards to ``stream``'s
+    location; returns the manifest written last."""
     # lazy: LitData's writer (and its worker processes) only for a conversion
     from litdata import optimize
 
     # lazy: the streaming module imports LitData
     from runjob.train.streaming import allow_http
 
-    classes, splits = image_folder(root)
-    digests = {split: split_digest(root, files) for split, files in splits.items()}
-    source = hashlib.sha256(json.dumps([classes, digests], sort_keys=True).encode()).hexdigest()
+    _check_source(kind, source)
+    source_digest = hashlib.sha256(
+        json.dumps([kind, source.facts, source.digests], sort_keys=True).encode()
+    ).hexdigest()
     where = stream.where
     done = read_manifest(stream)
-    if done is not None and done.get("source_digest") == source:
+    if done is not None and done.get("source_digest") == source_digest:
         screen.say(f"runjob: {where.url()} already holds this conversion ({_counts(done)}): nothing to do")
         return done
     if done is not None and not overwrite:
@@ -157,40 +109,58 @@ def convert_image_folder(
     manifest: Manifest = {
         "version": MANIFEST_VERSION,
         "format": "litdata",
-        "kind": "images",
-        "classes": classes,
-        "source": str(root),
-        "source_digest": source,
+        "kind": kind,
+        **source.facts,
+        "source": source.source,
+        "source_digest": source_digest,
         "write_order_seed": WRITE_ORDER_SEED,
         "splits": {},
     }
-    for split, files in splits.items():
+    for split in (name for name in SPLITS if name in source.splits):
+        items = list(source.splits[split])
         started = time.perf_counter()
-        screen.say(f"runjob: converting {len(files)} images of {root / split} to {where.url(split)}")
-        # written in a seeded random order: a shuffled epoch reorders chunks and the samples within
-        # each, so chunks written class by class would give batches of one or two classes
-        order = list(files)
-        random.Random(WRITE_ORDER_SEED).shuffle(order)
+        screen.say(f"runjob: converting {len(items)} {kind} samples of {source.source} ({split}) to {where.url(split)}")
+        random.Random(WRITE_ORDER_SEED).shuffle(items)
+        size = source.sizes.get(split)
         # LitData's own lines (an advertisement, its inferred format, each worker's end) left out;
         # its progress bar (stderr) stays
         with contextlib.redirect_stdout(io.StringIO()), _staging_folders():
             optimize(
-                fn=image_record,
-                inputs=order,
+                fn=source.record,
+                inputs=items,
                 output_dir=where.url(split),
-                chunk_bytes=chunk_size(files) if chunk_bytes == "auto" else chunk_bytes,
-                num_workers=workers,
+                chunk_bytes=chunk_size(size) if chunk_bytes == "auto" else chunk_bytes,
+                num_workers=max(1, min(workers, len(items))),
                 mode="overwrite",
                 storage_options=stores.storage_options(stream),
                 keep_data_ordered=True,
                 start_method="fork",
             )
-        _check_index(stream, split, len(files))
-        manifest["splits"][split] = {"samples": len(files), "digest": digests[split]}
-        screen.say(f"runjob: {split}: {len(files)} samples in {time.perf_counter() - started:.1f} s")
+        _check_index(stream, split, len(items))
+        manifest["splits"][split] = {"samples": len(items), "digest": source.digests[split]}
+        screen.say(f"runjob: {split}: {len(items)} samples in {time.perf_counter() - started:.1f} s")
     stores.write_object(stream, (json.dumps(manifest, indent=1) + "\n").encode(), MANIFEST_FILE)
-    screen.say(f"runjob: wrote {where.url(MANIFEST_FILE)} ({_counts(manifest)}; digest {source[:12]})")
+    screen.say(f"runjob: wrote {where.url(MANIFEST_FILE)} ({_counts(manifest)}; digest {source_digest[:12]})")
     return manifest
+
+
+def _check_source(kind: str, source: Any) -> None:
+    """A converter's return value, checked before anything is written (a plugin's mistake is one line)."""
+    if not isinstance(source, ShardSource):
+        raise DataError(f"converter {kind!r} returned {type(source).__name__}, not a runjob.ShardSource")
+    problems = []
+    if "train" not in source.splits or "val" not in source.splits:
+        problems.append(f"its splits are {sorted(source.splits)}: a conversion needs train and val")
+    problems += [f"split {name!r} is not one of {', '.join(SPLITS)}" for name in source.splits if name not in SPLITS]
+    problems += [f"split {name!r} holds no items" for name, items in source.splits.items() if not len(items)]
+    problems += [f"split {name!r} has no digest" for name in source.splits if name not in source.digests]
+    problems += [f"its facts use the manifest's own key {key!r}" for key in RESERVED if key in source.facts]
+    try:
+        json.dumps(source.facts)
+    except (TypeError, ValueError) as error:
+        problems.append(f"its facts are not JSON ({error})")
+    if problems:
+        raise DataError(f"converter {kind!r}: {'; '.join(problems)}")
 
 
 @contextlib.contextmanager
@@ -230,13 +200,13 @@ def _check_index(stream: StreamOptions, split: str, samples: int) -> None:
         )
 
 
-def chunk_size(files: list[ImageFile]) -> int:
-    """``--chunk-bytes auto``: a split's bytes over :data:`CHUNKS_AIMED`, from 1 MB to 64 MB. Each
-    loader worker reads whole chunks, downloaded while it reads the one before: a split of a couple
-    of chunks leaves a worker waiting for its first download (17,970 small images in two 4.5 MB
-    chunks streamed at 0.76x the image folder's samples/s, in 1 MB chunks at 1.04x: RESULTS 17)."""
-    total = sum(os.path.getsize(item.path) for item in files)
-    return max(MIN_CHUNK, min(MAX_CHUNK, total // CHUNKS_AIMED))
+def chunk_size(size: int | None) -> int:
+    """``--chunk-bytes auto``: a split's bytes over :data:`CHUNKS_AIMED`, from 1 MB to 64 MB (1 MB when
+    the converter gave no size). Each loader worker reads whole chunks, downloaded while it reads the
+    one before: a split of a couple of chunks leaves a worker waiting for its first download (17,970
+    small images in two 4.5 MB chunks streamed at 0.76x the image folder's samples/s, in 1 MB chunks at
+    1.04x: RESULTS 17)."""
+    return max(MIN_CHUNK, min(MAX_CHUNK, (size or 0) // CHUNKS_AIMED))
 
 
 def _counts(manifest: Manifest) -> str:
