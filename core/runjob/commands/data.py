@@ -23,8 +23,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         if args.chunk_bytes != "auto":
             parse_size(args.chunk_bytes)
     except (ValidationError, ValueError) as error:
-        problem = error.errors()[0]["msg"] if isinstance(error, ValidationError) else str(error)
-        raise DataError(f"runjob data convert: {problem.removeprefix('Value error, ')}") from None
+        message = error.errors()[0]["msg"] if isinstance(error, ValidationError) else str(error)
+        raise DataError(f"runjob data convert: {message.removeprefix('Value error, ')}") from None
     if args.workers < 1:
         raise DataError(f"runjob data convert: --workers {args.workers}: give 1 or more")
     converters = load_plugins().components["converter"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -230,7 +230,7 @@ class ShardSource:
     picklable object) returning a dict of bytes, numbers, strings or lists of numbers; put an
     ``"id"`` in it, the item's place in its split, so a run's samples can be told apart."""
 
-    splits: dict[str, Sequence[Any]]
+    splits: Mapping[str, Sequence[Any]]
     """Each split's items (``"train"`` and ``"val"``, optionally ``"test"``): one record each."""
     record: Callable[[Any], Record]
     digests: dict[str, str]
