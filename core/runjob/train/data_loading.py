@@ -121,6 +121,10 @@ class PositionedLoader(Protocol):
 
     def summary(self) -> str: ...
 
+    def retries(self) -> int:
+        """Transient store errors retried so far by this process and its loader workers."""
+        ...
+
 
 def is_stream(loader: object) -> bool:
     """Whether ``loader`` is a streamed split's."""

@@ -455,6 +455,9 @@ class AccelerateWork:
         }
         if self.train.on_nonfinite == "skip":
             metrics["train/nonfinite_skipped"] = float(self.nonfinite.skipped)
+        if isinstance(run.train_loader, PositionedLoader):  # a streamed split: the store's errors retried so far
+            retried = self.loss_sum.new_tensor(float(run.train_loader.retries()))
+            metrics["data/retries"] = accelerator.reduce(retried, reduction="sum").item()
         self.loss_sum.zero_()
         self.micro_batches = 0
         return metrics

@@ -119,7 +119,7 @@ def write_shards(
     for split in (name for name in SPLITS if name in source.splits):
         items = list(source.splits[split])
         started = time.perf_counter()
-        screen.say(f"runjob: converting {len(items)} {kind} samples of {source.source} ({split}) to {where.url(split)}")
+        screen.say(f"runjob: converting {source.source} ({split}, {len(items)} samples, {kind}) to {where.url(split)}")
         random.Random(WRITE_ORDER_SEED).shuffle(items)
         size = source.sizes.get(split)
         # LitData's own lines (an advertisement, its inferred format, each worker's end) left out;

@@ -42,6 +42,21 @@ PATIENT = Patience(attempts=5, connect_s=5, read_s=30)
 """Reading and writing data."""
 QUICK = Patience(attempts=2, connect_s=3, read_s=5)
 """The doctor's check: a store that never answers fails it in about 10 s."""
+ONCE = Patience(attempts=1, connect_s=10, read_s=60)
+"""A chunk's download: one try, the retries counted by the caller (:mod:`runjob.train.downloads`)."""
+TRANSIENT_STATUS = (429, 500, 502, 503, 504)
+TRANSIENT_CODES = frozenset(
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestLimitExceeded",
+        "TooManyRequests",
+    }
+)
 LISTED_KEYS = 5
 DELETE_BATCH = 1000  # the most keys S3's DeleteObjects takes
 _CREDENTIAL_VARIABLES = (
@@ -254,6 +269,48 @@ def _s3(stream: StreamOptions, url: str, call: Callable[[Client], _T], patience:
         ) from error
     except BotoCoreError as error:
         raise DataError(f"{url}: {describe(error)}") from error
+
+
+def download_object(stream: StreamOptions, bucket: str, key: str, target: str) -> None:
+    """One try at GET ``s3://bucket/key`` (under ``stream``'s endpoint and credentials) into the file
+    ``target``; a failure is a DataError of one line whose ``__cause__`` is boto's error (see
+    :func:`transient`)."""
+    url = f"s3://{bucket}/{key}"
+
+    def get(client: Client) -> None:
+        body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        with open(target, "wb") as file:
+            for piece in body.iter_chunks(1 << 20):
+                file.write(piece)
+
+    _s3(stream, url, get, ONCE)
+
+
+def transient(error: BaseException) -> str | None:
+    """What makes a store's error worth another try (throttling, a 5xx answer, a dropped or timed-out
+    connection), in a few words; None for one that would happen again (a missing object, refused
+    credentials)."""
+    # lazy: boto3's errors only where a download failed
+    from botocore.exceptions import (  # type: ignore[import-untyped, unused-ignore]
+        ClientError,
+        ConnectionError,
+        HTTPClientError,
+        IncompleteReadError,
+        ReadTimeoutError,
+        ResponseStreamingError,
+    )
+
+    if isinstance(error, ClientError):
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status in TRANSIENT_STATUS or code in TRANSIENT_CODES:
+            return f"HTTP {status} {code}".strip()
+        return None
+    if isinstance(
+        error, (ConnectionError, HTTPClientError, IncompleteReadError, ReadTimeoutError, ResponseStreamingError)
+    ):
+        return type(error).__name__
+    return None
 
 
 def _endpoint(stream: StreamOptions) -> str:

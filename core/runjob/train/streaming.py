@@ -49,7 +49,7 @@ from runjob.host.components import Batch, Collate, Sample
 from runjob.host.streams import Streamed, StreamOptions, StreamPosition
 from runjob.record.prediction import collate as default_collate
 from runjob.tags import STREAM_DROPPED_TAG, STREAM_LOCATION_TAG, STREAM_PADDED_TAG, STREAM_SHARES_TAG
-from runjob.train import stores
+from runjob.train import downloads, stores
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -145,6 +145,8 @@ class RecordStream(StreamingDataset):  # type: ignore[misc]  # LitData has no ty
     def __init__(self, streamed: Streamed, seed: int, shuffle: bool, workers: int, splits: int = 1) -> None:
         stream = streamed.stream
         allow_http(stream.endpoint)
+        if stream.where.scheme == "s3":
+            downloads.use_counted_downloads()
         cache = cache_folder(stream, streamed.split, streamed.digest)
         cache.mkdir(parents=True, exist_ok=True)
         super().__init__(
@@ -335,6 +337,10 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
             STREAM_DROPPED_TAG: str(sum(shares.dropped_samples(rank) for rank in ranks)),
         }
 
+    def retries(self) -> int:
+        """Transient store errors retried so far by this process and its loader workers (every split's)."""
+        return downloads.retries()
+
     def summary(self) -> str:
         """One line for the start of a run: the split, its processes and workers, padding and drop."""
         shares, ranks = self.shares, range(len(self.shares.samples))
@@ -453,10 +459,10 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
         truncated chunk, a download that failed after its retries); a transform's DataError as it is."""
         try:
             yield from self.records
-        except DataError:
-            raise
         except Exception as error:  # noqa: BLE001 - LitData and the store clients raise many kinds
             cause = getattr(error, "__cause__", None) or error
+            if isinstance(cause, DataError):  # runjob's own line (a transform's, a download's after its retries)
+                raise DataError(_original_line(cause)) from None
             raise DataError(
                 f"{self.streamed.url}: reading the shards failed in epoch {self.epoch + 1} ({describe(cause)[:300]}): "
                 "a chunk is damaged or truncated, or could not be downloaded; check the store, or convert the data "
@@ -496,6 +502,16 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
         if self.yielded >= self.shares.target:
             self.end_of_dataloader = True
         return send_to_device(batch, self.device, non_blocking=self.pin_memory)
+
+
+def _original_line(error: DataError) -> str:
+    """A DataError's one line, also when a loader worker raised it: PyTorch then raises it again in the
+    training process with the worker's traceback in front, its last line the original."""
+    text = str(error).strip()
+    if "Original Traceback" not in text:
+        return text
+    last = text.splitlines()[-1]
+    return last.split(": ", 1)[1] if last.startswith(f"{DataError.__module__}.{DataError.__name__}: ") else last
 
 
 def first_samples(streamed: Streamed, count: int) -> list[Sample]:
