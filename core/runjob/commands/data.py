@@ -29,8 +29,11 @@ def cmd_data(args: argparse.Namespace) -> int:
         raise DataError(f"runjob data convert: --workers {args.workers}: give 1 or more")
     converters = load_plugins().components["converter"]
     if args.source_kind not in converters:
-        known = ", ".join(f"{name} ({c.description})" for name, c in sorted(converters.items())) or "none"
-        raise DataError(f"runjob data convert: --from {args.source_kind}: no such converter; the converters: {known}")
+        known = ", ".join(sorted(converters)) or "none"
+        raise DataError(
+            f"runjob data convert: --from {args.source_kind}: no such converter; the converters: {known} "
+            "(`runjob plugins --long` describes them)"
+        )
     converter = converters[args.source_kind]
     where = f"runjob data convert --from {args.source_kind}"
     given = converter_options(args.option or [], where)
@@ -39,11 +42,18 @@ def cmd_data(args: argparse.Namespace) -> int:
     except ValidationError as error:
         problem = error.errors()[0]
         key = ".".join(str(part) for part in problem["loc"]) or "?"
+        if problem["type"] == "extra_forbidden":
+            known = ", ".join(converter.options.model_fields) or "none"
+            raise DataError(
+                f"{where}: -o {key}: not an option of converter {args.source_kind!r}; its options: {known}"
+            ) from None
         value = f" = {problem['input']!r}" if key in given else ""
         raise DataError(f"{where}: -o {key}{value}: {problem['msg'].removeprefix('Value error, ')}") from None
     try:
         source = converter.factory(args.source, options)
-    except (RunjobError, ValueError, OSError) as error:
+    except RunjobError as error:
+        raise DataError(f"{where}: {error}") from None
+    except (ValueError, OSError) as error:
         raise DataError(f"{where}: {describe(error)}") from None
     except Exception as error:  # noqa: BLE001 - a broken plugin is one line, not a traceback
         raise ComponentError(f"{where} (plugin {converter.plugin}) failed: {describe(error)}") from error
