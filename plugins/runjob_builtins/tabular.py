@@ -85,7 +85,7 @@ class CSVOptions(Options):
         names = target_columns(target)
         if not names:
             raise ValueError("names no column: give at least one target column")
-        _refuse_repeats(names)
+        refuse_repeats(names)
         if "path" in info.data:
             _require_columns(names, info.data["path"])
         return target
@@ -96,7 +96,7 @@ class CSVOptions(Options):
         if features is not None:
             if not features:
                 raise ValueError("names no column: list at least one, or leave features out to use every other column")
-            _refuse_repeats(features)
+            refuse_repeats(features)
         if "path" not in info.data:
             return features
         path = info.data["path"]
@@ -112,19 +112,13 @@ class CSVOptions(Options):
             return features
         both = [name for name in features if name in targets]
         if both:
-            raise ValueError(f"{_quoted(both)} is also the target (dataset.target): a column is one or the other")
+            raise ValueError(f"{quoted(both)} is also the target (dataset.target): a column is one or the other")
         return features
 
     @field_validator("target_type")
     @classmethod
     def _one_class_column(cls, target_type: str, info: ValidationInfo) -> str:
-        targets = target_columns(info.data.get("target", []))
-        if target_type == "class" and len(targets) > 1:
-            raise ValueError(
-                f"takes one target column, but dataset.target names {len(targets)} ({_quoted(targets)}); "
-                'name one, or use target_type = "value" for several value columns'
-            )
-        return target_type
+        return one_class_column(target_type, info.data.get("target", []))
 
     @field_validator("test_fraction")
     @classmethod
@@ -136,6 +130,17 @@ class CSVOptions(Options):
                 f"({val_fraction} + {test_fraction} = {val_fraction + test_fraction:g})"
             )
         return test_fraction
+
+
+def one_class_column(target_type: str, target: str | list[str]) -> str:
+    """``target_type``, checked: "class" takes one target column."""
+    targets = target_columns(target)
+    if target_type == "class" and len(targets) > 1:
+        raise ValueError(
+            f"takes one target column, but dataset.target names {len(targets)} ({quoted(targets)}); "
+            'name one, or use target_type = "value" for several value columns'
+        )
+    return target_type
 
 
 def target_columns(target: str | list[str]) -> list[str]:
@@ -173,10 +178,10 @@ def _checked_header(row: list[str] | None, path: str) -> list[str]:
     return names
 
 
-def _refuse_repeats(names: list[str]) -> None:
+def refuse_repeats(names: list[str]) -> None:
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        raise ValueError(f"names {_quoted(repeated)} more than once")
+        raise ValueError(f"names {quoted(repeated)} more than once")
 
 
 def _require_columns(names: list[str], path: str) -> None:
@@ -192,18 +197,18 @@ def _missing_columns_message(missing: list[str], header: list[str], path: str) -
     for name in missing:
         close = difflib.get_close_matches(name.lower(), list(by_lower), n=1)
         parts.append(f"{name!r} (did you mean {by_lower[close[0]]!r}?)" if close else repr(name))
-    message = f"no column {', '.join(parts)} in {path}; its columns: {_listing(header)}"
+    message = f"no column {', '.join(parts)} in {path}; its columns: {listing(header)}"
     if len(header) == 1 and any(sep in header[0] for sep in ";\t|"):
         message += " (one column: the file seems to separate its columns by something other than commas)"
     return message
 
 
-def _listing(header: list[str]) -> str:
+def listing(header: list[str]) -> str:
     shown = ", ".join(header[:LISTED_COLUMNS])
     return shown if len(header) <= LISTED_COLUMNS else f"{shown}, ... ({len(header)} columns)"
 
 
-def _quoted(names: list[str]) -> str:
+def quoted(names: list[str]) -> str:
     return ", ".join(repr(name) for name in names)
 
 
@@ -372,7 +377,7 @@ class CSVInputs(Inputs):
         if not path.is_file():
             what = "no such file" if not path.exists() else "a folder"
             raise DataError(
-                f"--input {path}: {what}; the csv dataset reads a CSV file with the columns {_listing(self.features)}"
+                f"--input {path}: {what}; the csv dataset reads a CSV file with the columns {listing(self.features)}"
             )
         [path] = self.files(path)  # a binary file is refused here, before it is parsed as CSV
         table = read_table(str(path))
@@ -393,7 +398,7 @@ class CSVInputs(Inputs):
 
         absent = [name for name in self.features if name not in record]
         if absent:
-            raise ValueError(f"missing feature column(s) {_quoted(absent)}; the model takes {_listing(self.features)}")
+            raise ValueError(f"missing feature column(s) {quoted(absent)}; the model takes {listing(self.features)}")
         try:
             values = [float(record[name]) for name in self.features]
         except (TypeError, ValueError):
