@@ -355,7 +355,10 @@ def add_trained_model_commands(commands: argparse._SubParsersAction[_Parser], ur
     data = commands.add_parser(
         "data",
         help="convert a data set into shards streamed from an object store or a folder",
-        description='Data for streamed datasets (`name = "streamed_images"`): `runjob data convert SOURCE LOCATION`.',
+        description=(
+            "Data for streamed datasets (streamed_images, streamed_table, streamed_text): "
+            "`runjob data convert SOURCE LOCATION --from NAME`."
+        ),
     )
     data_commands = data.add_subparsers(dest="data_command", metavar="{convert}", required=True)
     convert = data_commands.add_parser(
