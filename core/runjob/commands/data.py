@@ -41,7 +41,9 @@ def cmd_data(args: argparse.Namespace) -> int:
         options = converter.options.model_validate(given)
     except ValidationError as error:
         problem = error.errors()[0]
-        key = ".".join(str(part) for part in problem["loc"]) or "?"
+        key = ".".join(str(part) for part in problem["loc"])
+        if not key:  # a check of the options together
+            raise DataError(f"{where}: {problem['msg'].removeprefix('Value error, ')}") from None
         if problem["type"] == "extra_forbidden":
             known = ", ".join(converter.options.model_fields) or "none"
             raise DataError(

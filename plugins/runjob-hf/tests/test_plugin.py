@@ -14,13 +14,14 @@ def test_runjob_lists_the_plugin_and_its_components(runjob_tester):
     assert "hf  (runjob-hf 0.1.0, runjob_hf)" in result.stdout
     for line in (
         "models: hf",
-        "datasets: hf_text, hf_classification, hf_token_classification",
+        "datasets: hf_text, hf_classification, hf_token_classification, hf_text_streamed, hf_classification_streamed",
+        "converters: hf_text, hf_classification",
         "tasks: token_classification",
         "callbacks: bits_per_byte",
         "exporters: hf",
         "inputs: hf_prompts, hf_texts, hf_words",
     ):
-        assert line in result.stdout
+        assert line in " ".join(result.stdout.split())  # long lines wrap
     assert "FAILED" not in result.stdout
 
 

@@ -3,11 +3,12 @@
 Components: the model ``hf`` (any transformers ``AutoModelFor...`` model, pretrained from the
 cache or a folder, or built from a config), the datasets ``hf_text``, ``hf_classification`` and
 ``hf_token_classification`` (tables read memory-mapped with ``datasets``, text files; a tokenizer
-loaded or trained on the training split), their inputs ``hf_prompts``, ``hf_texts`` and
-``hf_words`` (kept by a run as data: its tokenizer.json, special token ids and class names), the
-task ``token_classification``, the callback ``bits_per_byte`` and the export format ``hf``
-(``save_pretrained``). Only pydantic and runjob are imported here: torch, transformers, tokenizers
-and datasets load inside the factories and methods.
+loaded or trained on the training split), the converter ``hf_text`` and the dataset
+``hf_text_streamed`` (hf_text's windows as shards streamed from an object store), their inputs
+``hf_prompts``, ``hf_texts`` and ``hf_words`` (kept by a run as data: its tokenizer.json, special
+token ids and class names), the task ``token_classification``, the callback ``bits_per_byte`` and
+the export format ``hf`` (``save_pretrained``). Only pydantic and runjob are imported here: torch,
+transformers, tokenizers, datasets and litdata load inside the factories and methods.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import runjob
+from runjob_hf import streamed
 from runjob_hf.export import export_hf
 from runjob_hf.inputs import Prompts, Texts, Words
 from runjob_hf.models import build_hf_model
@@ -99,6 +101,12 @@ def runjob_register_datasets(register: runjob.Register) -> None:
         description="a table's words and tags columns, tags on each word's first token, for token_classification",
         libraries=libraries,
     )
+    streamed.register_datasets(register)
+
+
+@runjob.hookimpl
+def runjob_register_converters(register: runjob.Register) -> None:
+    streamed.register_converters(register)
 
 
 @runjob.hookimpl

@@ -113,10 +113,14 @@ class BitsPerByte(runjob.Callback):
         self.tokens_per_byte: float | None = None
 
     def on_run_start(self, run: runjob.Run) -> None:
-        dataset = getattr(run.val_loader, "dataset", None)
-        self.tokens_per_byte = getattr(dataset, "tokens_per_byte", None)
+        loader = run.val_loader
+        # hf_text's windows, or hf_text_streamed's split (a streamed loader's dataset is LitData's)
+        split = getattr(loader, "streamed", None) or getattr(loader, "dataset", None)
+        self.tokens_per_byte = getattr(split, "tokens_per_byte", None)
         if self.tokens_per_byte is None:
-            raise ValueError("bits_per_byte needs the dataset hf_text (it knows the validation text's bytes)")
+            raise ValueError(
+                "bits_per_byte needs the dataset hf_text or hf_text_streamed (they know the validation text's bytes)"
+            )
 
     def on_evaluation(self, run: runjob.Run, step: int, epoch: int, metrics: Mapping[str, float]) -> None:
         loss = metrics.get("val/loss")
