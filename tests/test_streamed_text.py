@@ -107,7 +107,7 @@ def test_bad_input_is_one_line_naming_what_to_change(corpus, shards, tmp_path, c
     error = one_line_error(capsys)
     assert "-o context = 0: Input should be greater than or equal to 1" in error, error
     assert convert_text(str(corpus / "*.txt"), tmp_path / "shares", val_fraction=0.6, test_fraction=0.5) == 2
-    assert "-o test_fraction = 0.5: val_fraction + test_fraction = 0.6 + 0.5 leaves nothing" in one_line_error(capsys)
+    assert "--from text: val_fraction + test_fraction = 0.6 + 0.5 leaves nothing to train" in one_line_error(capsys)
     assert not (tmp_path / "none").exists() and not (tmp_path / "long").exists() and not (tmp_path / "zero").exists()
 
     with pytest.raises(DataError) as raised:

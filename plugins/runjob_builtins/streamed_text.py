@@ -15,12 +15,13 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from runjob import DataError, DatasetSplits, Options, ShardSource, Streamed, StreamOptions, hookimpl, require_module
+from runjob import DataError, DatasetSplits, ShardSource, Streamed, StreamOptions, hookimpl, require_module
 from runjob_builtins.text import (
     TextFilesOptions,
     TextPrompts,
+    TextSplitOptions,
     TokenWindows,
     read_corpus,
     split_files,
@@ -34,34 +35,6 @@ if TYPE_CHECKING:  # annotations only: loading plugins never imports torch
 
 VOCAB_SIZE = 256  # byte tokens
 SPLITS = ("train", "val", "test")
-
-
-class TextConvertOptions(Options):
-    """``runjob data convert PATTERN LOCATION --from text -o KEY=VALUE``: the ``text_files`` dataset's
-    options, with the same meanings (PATTERN is its ``paths``)."""
-
-    context: int = Field(128, ge=1)
-    """Tokens (bytes) the model sees per window; each record holds context + 1 (inputs and targets)."""
-    max_bytes: int | None = Field(None, ge=1)
-    """Read files in sorted path order until this many bytes (the last one cut); unset: every file."""
-    val_fraction: float = Field(0.1, gt=0, lt=1)
-    """Share of the bytes held out for validation, in whole files (at most this share, at least one file)."""
-    test_fraction: float = Field(0.0, ge=0, lt=1)
-    """Share of the bytes held out as a test split, in whole files, as val_fraction (0: no test split)."""
-    split_seed: int = Field(0, ge=0)
-    """Seed of the shuffle that assigns files to the splits."""
-
-    @field_validator("test_fraction")
-    @classmethod
-    def _shares_leave_training_data(cls, test_fraction: float, info: ValidationInfo) -> float:
-        # a field's validator, so that `-o` names the option (a model's names none)
-        val_fraction = info.data.get("val_fraction")
-        if val_fraction is not None and val_fraction + test_fraction >= 1:
-            raise ValueError(
-                f"val_fraction + test_fraction = {val_fraction} + {test_fraction} leaves nothing to train on; their "
-                "sum must be below 1"
-            )
-        return test_fraction
 
 
 class StreamedTextOptions(StreamOptions):
@@ -102,7 +75,7 @@ def split_digest(data: bytes, context: int) -> str:
     return digest.hexdigest()
 
 
-def convert_text(source: str, options: TextConvertOptions) -> ShardSource:
+def convert_text(source: str, options: TextSplitOptions) -> ShardSource:
     """The files ``source`` (a glob pattern, as ``text_files``' ``paths``) matches as token windows
     (``runjob data convert PATTERN LOCATION --from text``)."""
     try:
@@ -201,7 +174,7 @@ def runjob_register_converters(register: Register) -> None:
     register(
         "text",
         convert_text,
-        options=TextConvertOptions,
+        options=TextSplitOptions,
         description="text files matched by a glob pattern ({stdlib} allowed) as windows of context + 1 byte tokens",
     )
 

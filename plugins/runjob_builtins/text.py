@@ -63,11 +63,10 @@ def matches(pattern: str) -> Iterator[str]:
             yield path
 
 
-class TextFilesOptions(Options):
-    paths: str | list[str]
-    """Glob patterns of the files to read (``**`` recursive; ``~`` expanded; relative to the working
-    directory); ``{stdlib}`` stands for the running Python's standard-library folder (its
-    site-packages and dist-packages left out)."""
+class TextSplitOptions(Options):
+    """How text is cut into windows and split: the ``text_files`` dataset's options but its files,
+    and the ``text`` converter's (``runjob data convert PATTERN LOCATION --from text -o KEY=VALUE``)."""
+
     context: int = Field(128, ge=1)
     """Tokens (bytes) the model sees per window; each item holds context + 1 (inputs and targets)."""
     max_bytes: int | None = Field(None, ge=1)
@@ -78,6 +77,22 @@ class TextFilesOptions(Options):
     """Share of the bytes held out as a test split, in whole files, as val_fraction (0: no test split)."""
     split_seed: int = Field(0, ge=0)
     """Seed of the shuffle that assigns files to the splits."""
+
+    @model_validator(mode="after")
+    def _shares_leave_training_data(self) -> TextSplitOptions:
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ValueError(
+                f"val_fraction + test_fraction = {self.val_fraction} + {self.test_fraction} leaves nothing to train "
+                "on; their sum must be below 1"
+            )
+        return self
+
+
+class TextFilesOptions(TextSplitOptions):
+    paths: str | list[str]
+    """Glob patterns of the files to read (``**`` recursive; ``~`` expanded; relative to the working
+    directory); ``{stdlib}`` stands for the running Python's standard-library folder (its
+    site-packages and dist-packages left out)."""
 
     @field_validator("paths")
     @classmethod
@@ -91,15 +106,6 @@ class TextFilesOptions(Options):
                 raise ValueError(f"pattern {expand(pattern)!r} matches no file{hint}")
         stored = [_stored(pattern) for pattern in patterns]
         return stored[0] if isinstance(paths, str) else stored
-
-    @model_validator(mode="after")
-    def _shares_leave_training_data(self) -> TextFilesOptions:
-        if self.val_fraction + self.test_fraction >= 1:
-            raise ValueError(
-                f"val_fraction + test_fraction = {self.val_fraction} + {self.test_fraction} leaves nothing to train "
-                "on; their sum must be below 1"
-            )
-        return self
 
 
 class TokenWindows:
