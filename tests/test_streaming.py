@@ -226,24 +226,45 @@ def folder_bytes(folder: Path) -> int:
     return total
 
 
-@pytest.mark.slow
-def test_a_data_set_three_times_the_cache_limit_streams_with_the_cache_under_it(tmp_path, s3):
-    """Random 64x64 images (~10 MB of PNG) on the S3 server, a 2 MB cache_limit: every sample read,
-    the cache folder never above the limit (sampled every 10 ms)."""
+def noise_images(root: Path, size: int, count: int) -> Path:
+    """``count`` training and 20 validation images of random pixels (PNG cannot compress them)."""
     import numpy as np
     from PIL import Image
 
     rng = np.random.default_rng(0)
-    for split, count in (("train", 800), ("val", 20)):
-        for i in range(count):
-            folder = tmp_path / "noise" / split / str(i % 2)
+    for split, number in (("train", count), ("val", 20)):
+        for i in range(number):
+            folder = root / split / str(i % 2)
             folder.mkdir(parents=True, exist_ok=True)
-            Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-    source = folder_bytes(tmp_path / "noise" / "train")
-    convert(tmp_path / "noise", s3.url("noise"))
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("size", "count", "chunk", "limit", "workers"),
+    [
+        (64, 800, "16KB", "2MB", 2),  # many tiny chunks: LitData's own slot count stays off under 10 MiB
+        # chunks of 1 MB and a limit LitData also counts slots under: the reader of the first sample
+        # (read in the training process) once kept every slot and the workers gave up after 120 s
+        (128, 1200, "1MB", "18MB", 2),
+    ],
+)
+def test_a_data_set_three_times_the_cache_limit_streams_with_the_cache_under_it(
+    tmp_path, s3, size, count, chunk, limit, workers
+):
+    """Random images on the S3 server, at least 3 times ``cache_limit``: every sample read, the cache
+    folder never above the limit (sampled every 10 ms)."""
+    from runjob.host.streams import parse_size
+
+    images = noise_images(tmp_path / "noise", size, count)
+    source = folder_bytes(images / "train")
+    from runjob.commands.cli import main
+
+    assert main(["data", "convert", str(images), s3.url("noise"), "--chunk-bytes", chunk, "--workers", "2"]) == 0
     cache = tmp_path / "cache"
-    streamed = streamed_split(s3.url("noise"), cache_dir=str(cache), cache_limit="2MB", chunks_ahead=1)
-    assert source > 3 * 2_000_000
+    streamed = streamed_split(s3.url("noise"), cache_dir=str(cache), cache_limit=limit, chunks_ahead=1)
+    assert source > 3 * parse_size(limit)
 
     peak, done, watcher_alive = [0], threading.Event(), [False]
 
@@ -256,14 +277,14 @@ def test_a_data_set_three_times_the_cache_limit_streams_with_the_cache_under_it(
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        rows = epoch_rows(loader(streamed, batch_size=50), 0)
+        rows = epoch_rows(loader(streamed, batch_size=50, workers=workers), 0)
     finally:
         done.set()
         watcher.join()
-    assert sum(len(batch) for batch in rows) == 800
+    assert sum(len(batch) for batch in rows) == count
     assert watcher_alive[0]
-    print(f"peak cache {peak[0]} bytes of a 2,000,000-byte limit; {source} bytes of images")
-    assert 0 < peak[0] <= 2_000_000, peak[0]
+    print(f"peak cache {peak[0]} bytes of a {limit} limit; {source} bytes of images")
+    assert 0 < peak[0] <= parse_size(limit), peak[0]
 
 
 @pytest.mark.slow

@@ -24,11 +24,14 @@ This module imports LitData and torch: only a job with a streamed split imports 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import os
 import random
+import shutil
+import tempfile
 import zlib
 from array import array
 from collections.abc import Callable, Iterator
@@ -465,17 +468,13 @@ class StreamLoader(DataLoaderStateMixin):  # type: ignore[misc]  # Accelerate ha
                 raise DataError(_original_line(cause)) from None
             raise DataError(
                 f"{self.streamed.url}: reading the shards failed in epoch {self.epoch + 1} ({describe(cause)[:300]}): "
-                "a chunk is damaged or truncated, or could not be downloaded; check the store, or convert the data "
+                "a chunk is damaged or truncated, or its download failed or hung; check the store, or convert the data "
                 "again with `runjob data convert`"
             ) from None
 
     def _padding(self, count: int) -> Iterator[Batch]:
         """``count`` batches of the first samples of this process's epoch (read again, in one process)."""
-        again = RecordStream(self.streamed, self.seed, shuffle=self.training, workers=0, splits=self.cache_share)
-        loader = StreamingDataLoader(again, batch_size=1, num_workers=0, collate_fn=_only)
-        loader.current_epoch = self.epoch
-        first = list(islice(loader, self.batch_size))
-        del loader, again
+        first = read_aside(self.streamed, self.batch_size, seed=self.seed, shuffle=self.training, epoch=self.epoch)
         piece = self.collate(first) if self.collated_groups else first
         for _ in range(count):
             # training learns from the copies, as from DistributedSampler's; evaluation masks them out
@@ -517,8 +516,38 @@ def _original_line(error: DataError) -> str:
 def first_samples(streamed: Streamed, count: int) -> list[Sample]:
     """The split's first ``count`` samples (fewer when it is smaller), as its loader gives them, without
     drawing: for the model's example batch, predictions' sample inputs and exports."""
+    return read_aside(streamed, count, seed=0, shuffle=False, epoch=0)
+
+
+def read_aside(streamed: Streamed, count: int, *, seed: int, shuffle: bool, epoch: int) -> list[Sample]:
+    """The first ``count`` samples of ``epoch`` as one process without loader workers reads them, through
+    a cache folder of their own (beside the split's, deleted after), the reader's downloads stopped.
+
+    LitData's reader goes on downloading ahead after the samples taken, until it holds every slot of
+    its cache folder, and keeps a reference on each chunk: in the split's own folder, the loader
+    workers then found no room and gave up after 120 s (a 3 GB data set, cache_limit 200MB:
+    benchmarks/RESULTS.md section 18)."""
     # read in order, whole chunks as training reads them (LitData's reads of single samples by index
     # fetch byte ranges, which came back empty from an S3-compatible server here)
-    dataset = RecordStream(streamed, seed=0, shuffle=False, workers=0)
-    loader = StreamingDataLoader(dataset, batch_size=1, num_workers=0, collate_fn=_only)
-    return list(islice(loader, count))
+    home = cache_folder(streamed.stream, streamed.split, streamed.digest)
+    home.parent.mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=f".{home.name}-aside-", dir=home.parent)
+    aside = dataclasses.replace(streamed, stream=streamed.stream.model_copy(update={"cache_dir": scratch}))
+    dataset = RecordStream(aside, seed=seed, shuffle=shuffle, workers=0)
+    try:
+        loader = StreamingDataLoader(dataset, batch_size=1, num_workers=0, collate_fn=_only)
+        loader.current_epoch = epoch
+        return list(islice(loader, count))
+    finally:
+        _stop_downloads(dataset)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _stop_downloads(dataset: RecordStream) -> None:
+    """Stop the download thread of ``dataset``'s reader and wait for it (LitData stops it only when the
+    reader is collected, which a reference cycle may put off)."""
+    reader = getattr(getattr(dataset, "cache", None), "_reader", None)
+    thread = getattr(reader, "_prepare_thread", None)
+    if thread is not None and hasattr(thread, "force_stop"):
+        thread.force_stop()
+        thread.join(timeout=30)
