@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import tomllib
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -69,10 +68,10 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def converter_options(pairs: list[str], where: str) -> dict[str, Any]:
+def converter_options(pairs: list[str], where: str) -> dict[str, object]:
     """``-o KEY=VALUE`` pairs as a dict: VALUE read as a TOML value (``0.2``, ``true``, ``["a", "b"]``,
     ``"text"``), else as the text it is (``-o target=label``)."""
-    options: dict[str, Any] = {}
+    options: dict[str, object] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         key = key.strip()

@@ -230,7 +230,7 @@ class ShardSource:
     picklable object) returning a dict of bytes, numbers, strings or lists of numbers; put an
     ``"id"`` in it, the item's place in its split, so a run's samples can be told apart."""
 
-    splits: Mapping[str, Sequence[Any]]
+    splits: Mapping[str, Sequence[object]]
     """Each split's items (``"train"`` and ``"val"``, optionally ``"test"``): one record each."""
     record: Callable[[Any], Record]
     digests: dict[str, str]

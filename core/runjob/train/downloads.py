@@ -21,7 +21,6 @@ import os
 import random
 import time
 from contextlib import suppress
-from typing import Any
 from urllib.parse import urlsplit
 
 from filelock import FileLock, Timeout
@@ -98,9 +97,9 @@ class CountedS3Downloader(S3Downloader):  # type: ignore[misc]  # LitData has no
         self,
         remote_dir: str,
         cache_dir: str,
-        chunks: list[dict[str, Any]],
-        storage_options: dict[str, Any] | None = None,
-        **kwargs: Any,
+        chunks: list[dict[str, object]],
+        storage_options: dict[str, object] | None = None,
+        **kwargs: object,
     ) -> None:
         super().__init__(remote_dir, cache_dir, chunks, storage_options, **kwargs)
         endpoint = self._storage_options.get("endpoint_url")

@@ -27,7 +27,6 @@ import random
 import tempfile
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from runjob.errors import DataError
 from runjob.host.output import screen
@@ -144,7 +143,7 @@ def write_shards(
     return manifest
 
 
-def _check_source(kind: str, source: Any) -> None:
+def _check_source(kind: str, source: object) -> None:
     """A converter's return value, checked before anything is written (a plugin's mistake is one line)."""
     if not isinstance(source, ShardSource):
         raise DataError(f"converter {kind!r} returned {type(source).__name__}, not a runjob.ShardSource")
