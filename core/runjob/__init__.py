@@ -62,7 +62,22 @@ if TYPE_CHECKING:
     from runjob.train.flops import training_flops_per_unit as training_flops_per_unit
     from runjob.train.shards import stream_manifest as stream_manifest
 
-__version__ = "0.1.0"
+__version__: str  # declared, not set: __getattr__ reads it (_installed_version) when first asked for
+
+
+def _installed_version() -> str:
+    """``runjob.__version__``: written once, in pyproject.toml ([project] version), and read from the
+    installed distribution's metadata when first asked for: importlib.metadata takes ~60 ms to import
+    (email, zipfile, csv...), which `runjob --help` should not pay, as for _LAZY's names below. A source
+    tree imported without being installed (PYTHONPATH=core) has no metadata: "0+unknown"."""
+    metadata = import_module("importlib.metadata")
+    try:
+        version: str = metadata.version("runjob-train")
+    except metadata.PackageNotFoundError:
+        version = "0+unknown"
+    globals()["__version__"] = version  # asked once
+    return version
+
 
 _LAZY = {
     "Options": "runjob.host.components",
@@ -117,4 +132,6 @@ if not TYPE_CHECKING:  # type checkers see the imports above, and no name outsid
         # pydantic costs ~0.2 s to import; `runjob --help` should not pay for it
         if name in _LAZY:
             return getattr(import_module(_LAZY[name]), name)
+        if name == "__version__":
+            return _installed_version()
         raise AttributeError(f"module 'runjob' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from runjob import __version__
+import runjob
 from runjob.commands.arguments import (
     add_disable_plugin,
     add_job_arguments,
@@ -77,6 +77,18 @@ def _did_you_mean(word: str, choices: Sequence[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+class _VersionAction(argparse.Action):
+    """``--version``: runjob's version, read from its installed metadata only when asked for (as
+    argparse's own version action would print it; reading it costs every other command ~70 ms)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        print(f"runjob {runjob.__version__}")
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with runjob's errors: one line (no usage block) naming the command, exit 2, and the
     closest option for one it does not know (argparse suggests none before Python 3.14). Its
@@ -105,7 +117,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="runjob", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"runjob {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="show runjob's version and exit")
     # its own dest: a subcommand's defaults would overwrite what was given before the command
     add_disable_plugin(parser, dest="disable_plugins_first")
     add_plugin_argument(parser, dest="plugins_first")

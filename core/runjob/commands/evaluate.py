@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runjob import __version__
+import runjob
 from runjob.commands.table import render
 from runjob.errors import TrackingError
 from runjob.host.output import screen
@@ -76,7 +76,7 @@ def record_evaluation(
         EVALUATED_SPLIT_TAG: args.split,
         METRICS_TAG: json.dumps(declared_metrics(job.task.options, args.split)),
         OVERRIDES_TAG: " ".join(redact_override(o) for o in args.overrides),
-        VERSION_TAG: __version__,
+        VERSION_TAG: runjob.__version__,  # read when needed: `runjob --help` imports this module
     }
     if run.output_dir is not None:
         tags[EVALUATED_FROM_OUTPUT_DIR_TAG] = str(run.output_dir.resolve())

@@ -13,6 +13,7 @@ transformers, tokenizers, datasets and litdata load inside the factories and met
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import TYPE_CHECKING
 
 import runjob
@@ -31,7 +32,7 @@ from runjob_hf.tasks import BitsPerByte, BitsPerByteOptions, TokenClassification
 if TYPE_CHECKING:  # annotations only: loading plugins never imports transformers
     from transformers import PreTrainedModel
 
-__version__ = "0.1.0"
+__version__ = version("runjob-hf")  # stated once, in pyproject.toml: the installed metadata
 
 
 def _build_model(options: HFModelOptions, data: runjob.DataFacts | None = None) -> PreTrainedModel:
