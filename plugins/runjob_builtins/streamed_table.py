@@ -50,6 +50,7 @@ from runjob_builtins.tabular import (
     quoted,
     read_table,
     refuse_repeats,
+    room_for_training,
     split_rows,
     target_columns,
 )
@@ -83,13 +84,7 @@ class TableOptions(Options):
     @field_validator("test_fraction")
     @classmethod
     def _room_for_training(cls, test_fraction: float, info: ValidationInfo) -> float:
-        val_fraction = info.data.get("val_fraction")
-        if val_fraction is not None and val_fraction + test_fraction >= 1:
-            raise ValueError(
-                f"val_fraction + test_fraction must be below 1 to leave rows for training "
-                f"({val_fraction} + {test_fraction} = {val_fraction + test_fraction:g})"
-            )
-        return test_fraction
+        return room_for_training(info.data.get("val_fraction"), test_fraction)
 
 
 # reading the source

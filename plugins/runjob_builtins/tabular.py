@@ -123,13 +123,17 @@ class CSVOptions(Options):
     @field_validator("test_fraction")
     @classmethod
     def _room_for_training(cls, test_fraction: float, info: ValidationInfo) -> float:
-        val_fraction = info.data.get("val_fraction")
-        if val_fraction is not None and val_fraction + test_fraction >= 1:
-            raise ValueError(
-                f"val_fraction + test_fraction must be below 1 to leave rows for training "
-                f"({val_fraction} + {test_fraction} = {val_fraction + test_fraction:g})"
-            )
-        return test_fraction
+        return room_for_training(info.data.get("val_fraction"), test_fraction)
+
+
+def room_for_training(val_fraction: float | None, test_fraction: float) -> float:
+    """``test_fraction``, checked: with ``val_fraction`` it leaves rows for training."""
+    if val_fraction is not None and val_fraction + test_fraction >= 1:
+        raise ValueError(
+            f"val_fraction + test_fraction must be below 1 to leave rows for training "
+            f"({val_fraction} + {test_fraction} = {val_fraction + test_fraction:g})"
+        )
+    return test_fraction
 
 
 def one_class_column(target_type: str, target: str | list[str]) -> str:
