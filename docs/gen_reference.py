@@ -451,11 +451,25 @@ def components_page(host: PluginHost) -> str:
         )
         shown: dict[str, str] = {}
         components = builtin_components(host, kind)
+        if kind.name == "exporter":
+            out.append(built_in_formats())
         if not components:
             out.append(f"runjob's own plugins register no {kind.plural}.\n")
         for component in components:
             out += component_section(kind, component, shown)
     return "\n".join(out)
+
+
+def built_in_formats() -> str:
+    """The formats ``runjob export`` writes itself, besides the exporters plugins register."""
+    from runjob.commands.export import BUILT_IN  # imports torch: only the reference needs it
+
+    formats = ", ".join(f"`{name}`" for name in BUILT_IN)
+    return (
+        f"`runjob export` writes {formats} itself (ONNX through `torch.onnx.export`, checked with onnxruntime; "
+        "a `torch.export` program, loaded back to check it): they are not plugins' exporters (a plugin's "
+        "exporter of the same name is used instead). The ones below are the built-in plugins'; `runjob-hf` adds `hf`.\n"
+    )
 
 
 def where_named(kind: Kind) -> str:

@@ -36,28 +36,47 @@ class JobTable(Options):
     """``[job]``: what the run is called and how it is seeded."""
 
     name: str = Field("runjob", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    """The job's name (letters, digits, ``.``, ``_``, ``-``): the MLflow experiment by default, the output
+    folder ``runs/<name>/``, the logged model's name."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    """Seed for everything random, the data order included."""
     description: str = ""
+    """Free text, recorded as a param and as the MLflow run's description (``mlflow.note.content``)."""
 
 
 class TrainTable(Options):
     """``[train]``: the training loop."""
 
     epochs: int | None = Field(None, ge=1)
+    """Passes over the training set; 1 when ``max_steps`` is not set either."""
     max_steps: int | None = Field(None, ge=1)
+    """Stop after this many optimizer steps; with ``epochs`` too, whichever comes first."""
     batch_size: int = Field(32, ge=1)
+    """Samples per batch per process: the global batch is this times the processes (and times
+    ``gradient_accumulation_steps`` per optimizer step)."""
     eval_batch_size: int | None = Field(None, ge=1)
+    """Validation batch size per process; by default ``batch_size``."""
     gradient_accumulation_steps: int = Field(1, ge=1)
+    """Gradient accumulation: micro-batches whose gradients are summed before each optimizer
+    step (an effective batch of ``batch_size`` x processes x this, in the memory of one batch)."""
     max_grad_norm: float | None = Field(None, gt=0)
+    """Clip the gradient norm to this before each optimizer step; by default no clipping."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """``bf16`` or ``fp16`` autocast through Accelerate; fp16 on a CPU is refused (Accelerate would
+    silently train in fp32)."""
     log_every: int = Field(10, ge=1)
+    """Optimizer steps between logs of ``train/loss``, ``lr`` and the throughput (the only
+    host-device syncs in the loop)."""
     drop_last: bool = True
+    """Drop the last incomplete training batch of each epoch."""
     cpu: bool = False
+    """Train on the CPU even where a GPU exists."""
     on_nonfinite: Literal["stop", "skip"] = "stop"
     """A NaN or infinite loss or gradient: stop with advice, or skip that optimizer step."""
     checkpoint_every: int | None = Field(None, ge=1)
     """Optimizer steps between checkpoints; one is written at every epoch end regardless."""
     keep_checkpoints: int = Field(2, ge=1)
+    """Complete checkpoints kept during the run; older ones are deleted."""
     keep_checkpoints_finished: int = Field(1, ge=0)
     """Checkpoints kept once the run has finished (the newest): 1 lets ``--resume`` extend it with
     more epochs; 0 keeps none (the final and best weights stay either way)."""
@@ -106,9 +125,13 @@ class LaunchTable(Options):
     num_processes: int = Field(1, ge=1)
     """Processes in all, across machines (one per GPU, typically)."""
     num_machines: int = Field(1, ge=1)
+    """Machines in all; ``num_processes`` is split evenly between them."""
     machine_rank: int = Field(0, ge=0)
+    """This machine's rank, 0 to ``num_machines - 1`` (each machine runs the same command with its own)."""
     main_process_ip: str | None = Field(None, min_length=1)
+    """Machine 0's address, which the others reach; needed with several machines."""
     main_process_port: int | None = Field(None, ge=1, le=65535)
+    """The port machine 0 listens on for the others; needed with several machines."""
 
     @model_validator(mode="after")
     def _consistent(self) -> LaunchTable:
@@ -132,16 +155,22 @@ class TrackingTable(Options):
     environment variables (``MLFLOW_TRACKING_URI``, ``MLFLOW_EXPERIMENT_NAME``), then defaults."""
 
     uri: str | None = Field(None, min_length=1)
+    """The MLflow tracking server or store; by default ``$MLFLOW_TRACKING_URI``, else
+    ``sqlite:///mlflow.db`` in the working folder."""
     experiment: str | None = Field(None, min_length=1)
+    """The MLflow experiment; by default ``$MLFLOW_EXPERIMENT_NAME``, else ``job.name``."""
     run_name: str | None = Field(None, min_length=1)
+    """The MLflow run name; by default the run's ``--set`` values abbreviated (``lr=0.003 bs=64``)
+    or its start time, then `` · `` and the job's name."""
     tags: dict[str, str] = Field(default_factory=dict)
+    """Extra MLflow tags, a table of strings."""
     offline: bool = False
     """Record only to the output folder (no MLflow contact); upload later with ``runjob sync``."""
     system_metrics_interval: float | None = Field(None, ge=0)
-    """Seconds between system-metric samples; 0 turns them off; by default 10 on a GPU run and off
+    """Seconds between MLflow system-metric samples (CPU, memory, disk, network, GPU) on each
+    machine; 0 turns them off; by default 10 on a GPU run and off
     on a CPU-only one, where they would be 8 of its 15 metrics (disk, network, memory) in MLflow's
     compare and chart views, next to 7 of its own."""
-    """Seconds between MLflow system-metric samples (CPU, memory, GPU) on each machine; 0 turns them off."""
     log_model: Literal["weights", "pickle", "pt2", "none"] = "weights"
     """How the final model is logged as an MLflow model: its safetensors weights and job, rebuilt
     through runjob when loaded (``mlflow.pyfunc.load_model``; written without torch, so the end of a
@@ -154,9 +183,13 @@ class LoaderOptions(Options):
     """The DataLoader keys every ``[dataset]`` table accepts besides its dataset's own options."""
 
     num_workers: int = Field(0, ge=0)
+    """DataLoader worker processes for each training process; 0 loads in the training process."""
     pin_memory: bool | None = None
+    """Pinned host memory for faster copies to the GPU; by default on where a GPU is used."""
     persistent_workers: bool = False
+    """Keep the loader's workers between epochs (needs ``num_workers > 0``)."""
     prefetch_factor: int | None = Field(None, ge=1)
+    """Batches each worker loads ahead (needs ``num_workers > 0``); by default PyTorch's."""
 
     @model_validator(mode="after")
     def _workers_needed(self) -> LoaderOptions:
@@ -211,8 +244,11 @@ class ParamGroup(Options):
     from the start of the name), trained with their own ``lr`` and ``weight_decay``."""
 
     params: str = Field(min_length=1)
+    """A regular expression matched from the start of each parameter's name."""
     lr: float | None = Field(None, gt=0)
+    """The group's learning rate; by default the optimizer's."""
     weight_decay: float | None = Field(None, ge=0)
+    """The group's weight decay; by default the optimizer's."""
 
     @field_validator("params")
     @classmethod
@@ -244,8 +280,11 @@ class SweepRange(Options):
     are integers, else floats; ``log`` draws uniformly in log space."""
 
     low: int | float
+    """The range's lower bound."""
     high: int | float
+    """The range's upper bound (above ``low``)."""
     log: bool = False
+    """Draw uniformly in log space (needs ``low > 0``): for learning rates and the like."""
 
     @model_validator(mode="before")
     @classmethod
@@ -283,6 +322,8 @@ class SweepPruner(Options):
     Each evaluation of a trial reports the sweep metric to it (step 1, 2, ...: the evaluations)."""
 
     name: Literal["none", "median", "successive_halving", "hyperband"] = "none"
+    """The Optuna pruner that stops unpromising trials early: ``median``, ``successive_halving``,
+    ``hyperband``, or ``none``."""
     n_startup_trials: int | None = Field(None, ge=0)
     n_warmup_steps: int | None = Field(None, ge=0)
     interval_steps: int | None = Field(None, ge=1)
@@ -320,6 +361,8 @@ class SweepTable(Options):
     of values to try or a :class:`SweepRange`; :mod:`runjob.job.validation` checks them."""
 
     method: Literal["grid", "random", "tpe", "cmaes", "gp"] = "grid"
+    """How trials are chosen: every combination (``grid``), ``random``, or Optuna's ``tpe``,
+    ``cmaes`` and ``gp`` samplers."""
     trials: int | None = Field(None, ge=1)
     """The trial budget; a grid runs every combination, so it may be left out there."""
     metric: str | None = Field(None, min_length=1)
@@ -328,6 +371,7 @@ class SweepTable(Options):
     direction: Literal["maximize", "minimize"] | None = None
     """By default the direction the task declares for the metric."""
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    """The sampler's seed: the same seed draws the same trials."""
     parameters: dict[str, list[JSONValue] | SweepRange]  # a trial gets its values as JSON: no TOML dates
     storage: str | None = Field(None, min_length=1)
     """Where the Optuna study lives: a storage URL (``postgresql://...``, ``sqlite:///...``) or a
