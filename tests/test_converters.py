@@ -103,6 +103,18 @@ def one_line_error(capsys, code: int) -> str:
 
 
 @pytest.mark.slow
+def test_a_conversion_without_progress_bars_writes_the_same_shards(pairs, tmp_path, monkeypatch, capsys):
+    """``TQDM_DISABLE=1`` (no bars, as a CI log wants) converts as before: LitData's bar left out,
+    not drawn (as a command, LitData 0.2.76 redrew its disabled bar and failed with an AttributeError)."""
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    location = tmp_path / "shards"
+    assert convert(str(pairs), str(location), "--from", "pairs", "--workers", "2") == 0
+    manifest = json.loads((location / "runjob.json").read_text())
+    assert {name: split["samples"] for name, split in manifest["splits"].items()} == {"train": 32, "val": 8}
+    assert "it/s" not in capsys.readouterr().err  # no bar drawn
+
+
+@pytest.mark.slow
 def test_a_plugins_converter_writes_shards_its_streamed_dataset_reads(pairs, tmp_path):
     from test_streaming import loader
 

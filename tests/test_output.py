@@ -192,3 +192,16 @@ def test_the_output_module_imports_no_heavy_library():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout == "ok\n[]\n"
+
+
+@pytest.mark.parametrize(("value", "bars"), [(None, True), ("1", False), ("true", False), ("0", True), ("", True)])
+def test_tqdm_disable_turns_the_progress_bars_off(monkeypatch, value, bars):
+    """``TQDM_DISABLE=1``, tqdm's own switch, turns runjob's bars off too (the training loop's,
+    ``runjob data convert``'s); runjob's lines are still said."""
+    monkeypatch.delenv("RANK", raising=False)
+    if value is None:
+        monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    else:
+        monkeypatch.setenv("TQDM_DISABLE", value)
+    assert screen.bars is bars
+    assert screen.speaks

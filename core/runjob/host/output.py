@@ -31,6 +31,15 @@ RANK_ENVIRONMENT = "RANK"
 """Set by the launcher (torchrun, Accelerate, Slurm through runjob) for each process of a run; ``"0"``: the main one."""
 
 
+BARS_OFF_ENVIRONMENT = "TQDM_DISABLE"
+"""Set to ``1`` (``true``, ``yes``, ``on``): no progress bars, runjob's nor the libraries' that use tqdm."""
+
+
+def bars_disabled() -> bool:
+    """Whether :data:`BARS_OFF_ENVIRONMENT` asks for no progress bars."""
+    return os.environ.get(BARS_OFF_ENVIRONMENT, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 class Output:
     """The lines a process of runjob says; :data:`screen` is the one each process uses."""
 
@@ -56,6 +65,12 @@ class Output:
     def speaks(self) -> bool:
         """Whether :meth:`say` writes here: the main process, not quiet (a progress bar shows then too)."""
         return self.main and not self.quiet
+
+    @property
+    def bars(self) -> bool:
+        """Whether progress bars are drawn here: where this process speaks, unless ``TQDM_DISABLE``
+        is set to a true value (tqdm's own switch, which a bar runjob draws follows too)."""
+        return self.speaks and not bars_disabled()
 
     @contextlib.contextmanager
     def quieted(self) -> Iterator[None]:

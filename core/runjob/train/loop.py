@@ -615,7 +615,7 @@ class TrainingLoop:
             initial=skip,
             desc=f"epoch {epoch + 1}/{self.schedule.epochs}",
             unit="batch",
-            disable=self.quiet or not screen.speaks,
+            disable=self.quiet or not screen.bars,
             leave=False,
             dynamic_ncols=True,
             mininterval=0.1 if sys.stderr.isatty() else 30.0,  # a log file gets a line every 30 s

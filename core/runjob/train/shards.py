@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 
 from runjob.errors import DataError
-from runjob.host.output import screen
+from runjob.host.output import bars_disabled, screen
 from runjob.host.streams import MANIFEST_FILE, Record, ShardSource, StreamOptions
 from runjob.train import stores
 
@@ -122,7 +122,8 @@ def write_shards(
         random.Random(WRITE_ORDER_SEED).shuffle(items)
         size = source.sizes.get(split)
         # LitData's own lines (an advertisement, its inferred format, each worker's end) left out;
-        # its progress bar (stderr) stays
+        # its progress bar (stderr) stays, unless TQDM_DISABLE says no bars: LitData 0.2.76 redraws a
+        # disabled bar and fails (AttributeError: 'tqdm_asyncio' object has no attribute 'nrows')
         with contextlib.redirect_stdout(io.StringIO()), _staging_folders():
             optimize(
                 fn=source.record,
@@ -134,6 +135,7 @@ def write_shards(
                 storage_options=stores.storage_options(stream),
                 keep_data_ordered=True,
                 start_method="fork",
+                verbose=not bars_disabled(),  # verbose: its progress bar
             )
         _check_index(stream, split, len(items))
         manifest["splits"][split] = {"samples": len(items), "digest": source.digests[split]}
