@@ -19,6 +19,28 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def documentation_pages() -> list[Path]:
+    """What users read: the README and the site's pages (docs/)."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def documentation() -> str:
+    """The README and every page of the site, one text (for a sentence or block that must be there)."""
+    return "\n".join(page.read_text(encoding="utf-8") for page in documentation_pages())
+
+
+def documented_python(first_line: str) -> tuple[Path, str]:
+    """The page that holds the Python block beginning with ``first_line``, and the block: what
+    users copy, run as it is written there."""
+    fence = "```python\n" + first_line
+    for page in documentation_pages():
+        text = page.read_text(encoding="utf-8")
+        if fence in text:
+            start = text.index(fence) + len("```python\n")
+            return page, text[start : text.index("```", start)]
+    raise AssertionError(f"no page holds a Python block beginning {first_line!r}")
+
+
 def write_cifar_batches(root: Path, per_batch: int = 20, seed: int = 0) -> Path:
     """CIFAR-10's python format with random pixels, ``per_batch`` images in each batch file (the
     ``cifar10`` plugin's own writer); the md5 sums are not CIFAR's."""

@@ -4,7 +4,7 @@ callbacks before global hooks, under one error policy; callbacks declare the ord
 from __future__ import annotations
 
 import pytest
-from helpers import REPO, SMALL_DIGITS
+from helpers import SMALL_DIGITS, documentation
 
 import runjob
 from runjob.errors import TrainingError
@@ -45,9 +45,7 @@ def test_the_readme_shows_the_event_map_and_the_map_names_every_event():
     for event, (hook, _) in HOOKS.items():
         line = next(line for line in EVENT_MAP.splitlines() if line.split()[0] == event.name)
         assert hook in line, f"the map shows {hook} beside {event.name}"
-    assert EVENT_MAP in (REPO / "README.md").read_text(encoding="utf-8"), (
-        "the README's map is runjob.host.events.EVENT_MAP"
-    )
+    assert EVENT_MAP in documentation(), "the documentation's map is runjob.host.events.EVENT_MAP"
     for event in Event:  # every event is a Callback method with the arguments the map promises
         assert callable(getattr(runjob.Callback, event.method))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import tomllib
 
-from helpers import REPO
+from helpers import REPO, documentation
 
 import runjob
 import runjob_builtins
@@ -19,8 +19,7 @@ def contract_layers() -> list[list[str]]:
 
 
 def test_the_readme_draws_the_rooms_in_the_order_the_contract_enforces():
-    readme = (REPO / "README.md").read_text()
-    (chain,) = re.findall(r"^testing ──> .*$", readme, re.M)
+    (chain,) = set(re.findall(r"^testing ──> .*$", documentation(), re.M))
     drawn = [[name.strip() for name in step.split(",")] for step in chain.split("──>")]
     assert drawn == contract_layers(), chain
 

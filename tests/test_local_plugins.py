@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import REPO, SMALL_DIGITS
+from helpers import SMALL_DIGITS, documented_python
 
 import runjob
 from runjob.commands.cli import _with_default_command
@@ -350,13 +350,8 @@ def test_rerun_finds_a_module_where_the_run_had_it_and_refuses_an_object(local, 
         rerun_plugins("RUN", json.dumps([{"given": "<Mine object>", "name": "Mine", "kind": "object"}]))
 
 
-README = REPO / "README.md"
-
-
 def readme_python(first_line: str) -> str:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("```python\n" + first_line) + len("```python\n")
-    return text[start : text.index("```", start)]
+    return documented_python(first_line)[1]
 
 
 def test_the_readmes_notebook_runs_a_callback_object_recording_in_a_thread(local, capsys):
@@ -366,7 +361,7 @@ def test_the_readmes_notebook_runs_a_callback_object_recording_in_a_thread(local
     local.write_job("jobs/digits.toml", job("notebook"))
     code = readme_python("# a notebook cell: a callback for this run only\n")
     namespace: dict = {"__name__": "notebook"}
-    exec(compile(code, str(README), "exec"), namespace)
+    exec(compile(code, str(documented_python("# a notebook cell")[0]), "exec"), namespace)
     outcome = namespace["outcome"]
     assert outcome.exit_code == 0
     printed = capsys.readouterr().out

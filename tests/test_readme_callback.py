@@ -5,22 +5,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from helpers import SMALL_DIGITS, uploaded_best
+from helpers import SMALL_DIGITS, documented_python, uploaded_best
 
 pytestmark = pytest.mark.timeout(300)
 
-SOURCE = Path(__file__).resolve().parents[1] / "README.md"
-"""The Markdown file whose Python block is the plugin."""
-
 
 def source_python(first_line: str) -> str:
-    """The Python block of :data:`SOURCE` that begins with ``first_line``: what users copy."""
-    text = SOURCE.read_text(encoding="utf-8")
-    start = text.index("```python\n" + first_line) + len("```python\n")
-    return text[start : text.index("```", start)]
+    """The documentation's Python block that begins with ``first_line``: what users copy."""
+    return documented_python(first_line)[1]
 
 
 def test_the_readmes_callback_stops_the_run_and_logs_its_metric(tester):

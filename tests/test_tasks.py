@@ -316,11 +316,9 @@ def test_runs_shows_the_metrics_each_runs_task_declared():
 
 def readme_python(first_line: str) -> str:
     """The README's Python block that begins with ``first_line``: the README is what users copy."""
-    from helpers import REPO
+    from helpers import documented_python
 
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    start = text.index("```python\n" + first_line) + len("```python\n")
-    return text[start : text.index("```", start)]
+    return documented_python(first_line)[1]
 
 
 def test_the_readmes_task_plugin_trains_on_the_readmes_diabetes_file(tester, monkeypatch):

@@ -8,7 +8,7 @@ import ast
 import re
 import tomllib
 
-from helpers import REPO
+from helpers import REPO, documentation
 
 import runjob
 
@@ -85,7 +85,7 @@ def test_any_counts_uses_not_imports_or_docstrings():
 def test_readme_states_a_ceiling_on_any_that_holds():
     """The README's development section says how often ``Any`` appears in core/runjob; the code may
     use it less (then lower the sentence's number), never more."""
-    readme = (REPO / "README.md").read_text()
+    readme = documentation()
     found = re.search(
         r"`Any` appears (\d[\d,]*) times in (\d[\d,]*) lines of core/runjob \(([\d.]+) per 1,000\)", readme
     )
