@@ -140,6 +140,8 @@ def test_built_distributions_install_from_their_files_and_run_the_quick_start(sc
         assert "License-Expression: Apache-2.0" in metadata and f"Version: {version}" in metadata, name
         with tarfile.open(dist / f"{s}.tar.gz") as sdist:
             assert f"{s}/LICENSE" in sdist.getnames() and f"{s}/README.md" in sdist.getnames(), name
+            if name == "runjob-train":  # the changelog and its deprecation policy go with the source
+                assert f"{s}/CHANGELOG.md" in sdist.getnames(), sdist.getnames()
     check([sys.executable, "-m", "twine", "check", "--strict", *map(str, files)], scratch, 120)
 
     # A fresh environment: runjob's packages from dist/ only, the rest at uv.lock's versions (so
