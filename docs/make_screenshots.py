@@ -1,14 +1,14 @@
-"""Remake the README's `mlflow ui` screenshots (docs/mlflow-*.png) from a real runjob sweep and runs.
+"""Remake the documentation's `mlflow ui` screenshots (docs/mlflow-*.png) from a real runjob sweep and runs.
 
 Run by hand; nothing in the tests or the package uses it. It needs:
 
 - Chromium at /usr/bin/chromium (Debian: `apt-get install -y chromium`);
-- Playwright for Python, brought in for this one command by `uv run --with playwright`, so it is
-  not one of the project's dependencies (its own browser download is not used);
+- Playwright for Python, one of the project's dev dependencies (its own browser download is not
+  used);
 - Pillow (already in the environment through torchvision);
 - runs of one experiment in an MLflow store: a sweep of three trials and two plain runs, made for
-  example like this from the repository root (a few seconds each on a CPU; data/diabetes.csv as
-  the README says):
+  example like this from the repository root (a few seconds each on a CPU; data/diabetes.csv
+  written by the script in docs/getting-started.md):
 
     export MLFLOW_TRACKING_URI=sqlite:////tmp/shots/mlflow.db
     cat > /tmp/shots/sweep.toml <<'TOML'
@@ -30,7 +30,7 @@ Run by hand; nothing in the tests or the package uses it. It needs:
 
 Then, from the repository root:
 
-    uv run --with playwright python docs/make_screenshots.py \\
+    uv run python docs/make_screenshots.py \\
         --tracking-uri sqlite:////tmp/shots/mlflow.db --page RUN_B TRIAL_1 TRIAL_2 TRIAL_3
 
 starts `mlflow server` on a free local port for that store (or use `--ui-url URL` for a UI that is
@@ -120,10 +120,13 @@ def close_assistant(page) -> None:
 def unfold(page, run_ids: list[str]) -> None:
     """Unfold the parent runs in the runs table (a sweep's) when the runs ``run_ids`` are folded
     away in them: the table remembers what was unfolded from one view to the next."""
+    expanders = page.locator("button[data-component-id*='runnamecellrenderer']")
+    # wait for the table's rows (slow on a busy machine) before deciding what to unfold
+    page.locator(f"[role=row] a[href*='{run_ids[0]}']").or_(expanders).first.wait_for(timeout=90_000)
     page.wait_for_timeout(1000)
     if page.locator(f"[role=row] a[href*='{run_ids[0]}']").count():
         return
-    for expander in page.locator("button[data-component-id*='runnamecellrenderer']").all():
+    for expander in expanders.all():
         expander.click()
     page.locator(f"[role=row] a[href*='{run_ids[0]}']").first.wait_for()
 
