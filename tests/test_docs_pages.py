@@ -1,7 +1,7 @@
 """The site's pages (docs/) and the README as a reader copies from them: every TOML block is a job, or
 a part of one, that ``runjob validate`` accepts; every Python block compiles; every file a page puts
 in with ``--8<--`` exists (the shipped jobs themselves are validated by tests/test_cli.py's and the
-runs' tests). The plugin snippets (``# NAME/__init__.py``) are type-checked by .ci/run with mypy.
+runs' tests). .ci/run type-checks every Python block with mypy.
 
 A plugin package's project file starts with the line ``# pyproject.toml`` and is only parsed. The
 line before a block's fence may say how to check it:
