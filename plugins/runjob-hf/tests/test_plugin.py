@@ -68,7 +68,11 @@ def test_options_are_checked_against_the_job_file(runjob_tester):
 
 
 @pytest.mark.slow
-def test_a_model_missing_from_the_cache_is_one_line_naming_it_and_the_cache(runjob_tester):
+def test_a_model_missing_from_the_cache_is_one_line_naming_it_and_the_cache(runjob_tester, monkeypatch):
+    # as a user runs it, without HF_HUB_OFFLINE: runjob-hf must not ask the Hub (here an address
+    # that refuses at once, so a request would be retried and said)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
     write_corpus(runjob_tester.path / "corpus", files=3, lines=4)
     runjob_tester.write_job("job.toml", JOB)
     result = runjob_tester.cli(
@@ -85,3 +89,5 @@ def test_a_model_missing_from_the_cache_is_one_line_naming_it_and_the_cache(runj
     assert "[model]" in line and "not in the Hugging Face cache" in line
     assert "/hub" in line, "the cache it looked in"
     assert "Traceback" not in result.stderr
+    logs = "".join(log.read_text() for log in runjob_tester.path.rglob("runjob.log"))
+    assert "127.0.0.1:9" not in result.stderr + logs, "the Hub asked, though nothing is ever downloaded"

@@ -115,6 +115,9 @@ def build_hf_model(options: HFModelOptions, data: DataFacts | None = None) -> Pr
                 revision=options.revision,
                 trust_remote_code=options.trust_remote_code,
                 local_files_only=True,
+                # transformers 5 looks for a PEFT adapter_config.json first and does not pass
+                # local_files_only on to that look-up: offline, 5 retries (~25 s) against the Hub
+                adapter_kwargs={"local_files_only": True},
                 dtype=_dtype(options),
                 **labels,
                 **user,
