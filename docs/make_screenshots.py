@@ -58,19 +58,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from check_site import CHROMIUM_ARGS  # docs/check_site.py, beside this script: Chromium's flags offline
+
 from runjob.testing import free_port
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 MAX_BYTES = 400_000
 
 
@@ -139,7 +131,7 @@ def take(ui_url: str, compared: list[str], page_run: str, experiment_id: str, ou
         browser = playwright.chromium.launch_persistent_context(
             profile,
             executable_path=CHROMIUM,
-            args=CHROMIUM_FLAGS,
+            args=CHROMIUM_ARGS,
             headless=True,
             viewport={"width": 1600, "height": 1000},
         )
