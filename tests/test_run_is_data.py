@@ -1,7 +1,7 @@
 """A run is data, not code (issue 31): what runjob reads back from a run folder or a run's MLflow
 model is JSON, TOML, safetensors, text and torch checkpoints loaded with ``weights_only=True``,
-never a pickle; a planted ``prediction.pkl`` is never unpickled unless the user says
-``--trust-pickle``; a tampered predictor is one line and exit code 2, not a traceback.
+never a pickle; a planted ``prediction.pkl`` is never unpickled, whatever the user says; a
+tampered predictor is one line and exit code 2, not a traceback.
 
 Three kinds of check:
 
@@ -11,8 +11,7 @@ Three kinds of check:
   ``torch.load`` and ``yaml.load`` call (wrapped), for ``runjob predict``, ``evaluate``,
   ``export``, the MLflow model and a resume from a checkpoint;
 * static: the AST of runjob's and its plugins' sources holds no ``eval``, ``exec``, unpickling,
-  ``torch.load`` without ``weights_only=True`` or unsafe ``yaml.load``, but for the one named
-  function reached only with ``--trust-pickle``;
+  ``torch.load`` without ``weights_only=True`` or unsafe ``yaml.load``;
 * tampering: a planted pickle that writes a file when unpickled, and damaged ``predictor.json``
   and ``data_facts.json`` files.
 
@@ -382,8 +381,6 @@ SOURCE_ROOTS = [
     *sorted(REPO.glob("plugins/*/src")),
     *sorted(REPO.glob("examples/*/src")),
 ]
-ALLOWED = {("core/runjob/record/prediction.py", "_unpickle")}
-"""``runjob.record.prediction._unpickle``: reached only with --trust-pickle."""
 UNPICKLERS = ("pickle", "_pickle", "cPickle")
 SAFE_YAML_LOADERS = ("SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader")
 
@@ -508,46 +505,12 @@ def test_the_static_check_finds_each_kind_of_unsafe_call():
 def test_no_source_of_runjob_or_its_plugins_runs_code_a_file_holds():
     sources = [path for root in SOURCE_ROOTS for path in sorted(root.rglob("*.py"))]
     assert len(sources) > 50 and any(path.name == "prediction.py" for path in sources)
-    found, allowed = [], []
-    for path in sources:
-        relative = path.relative_to(REPO).as_posix()
-        for file, line, function, what in unsafe_calls(path.read_text(encoding="utf-8"), relative):
-            (allowed if (file, function) in ALLOWED else found).append(
-                f"{file}:{line} in {function or '<module>'}: {what}"
-            )
+    found = [
+        f"{file}:{line} in {function or '<module>'}: {what}"
+        for path in sources
+        for file, line, function, what in unsafe_calls(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
+    ]
     assert not found, "calls that may run code a file holds:\n" + "\n".join(found)
-    assert allowed == [f"core/runjob/record/prediction.py:{_line_of('pickle.loads')} in _unpickle: pickle.loads"], (
-        allowed
-    )
-    callers = sorted(
-        {
-            f"{file}:{function}"
-            for path in sources
-            for file, function in _callers_of(
-                "_unpickle", path.read_text(encoding="utf-8"), path.relative_to(REPO).as_posix()
-            )
-        }
-    )
-    assert callers == ["core/runjob/record/prediction.py:_pickled"], "only _pickled, after its --trust-pickle check"
-
-
-def _line_of(text: str) -> int:
-    lines = (REPO / "core/runjob/record/prediction.py").read_text().splitlines()
-    return next(number for number, line in enumerate(lines, 1) if text + "(" in line)
-
-
-def _callers_of(name: str, source: str, filename: str) -> list[tuple[str, str]]:
-    found = []
-
-    def visit(node: ast.AST, function: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            inside = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
-            if isinstance(child, ast.Call) and getattr(child.func, "id", getattr(child.func, "attr", None)) == name:
-                found.append((filename, function))
-            visit(child, inside)
-
-    visit(ast.parse(source, filename), "")
-    return found
 
 
 # ---------------------------------------------------------------------------------------------
@@ -566,7 +529,7 @@ class Planted:
 
 def test_a_planted_pickle_is_never_unpickled(trained, expected, tmp_path):
     """The run's predictor/ replaced by a prediction.pkl that writes a file when unpickled: predict
-    and a plugin's export refuse it in one line naming --trust-pickle; evaluate, export pt2 and
+    and a plugin's export refuse it in one line offering --from-data; evaluate, export pt2 and
     predict --from-data do not need the predictor; nothing is unpickled."""
     tester, out = trained
     marker = tmp_path / "unpickled"
@@ -581,7 +544,7 @@ def test_a_planted_pickle_is_never_unpickled(trained, expected, tmp_path):
         from_data = tester.cli("predict", planted, "--input", "new.csv", "--from-data")
     assert not marker.exists()
     for refused in (predict, columns):
-        one_line(refused, str(planted / "prediction.pkl"), "--trust-pickle", "--from-data")
+        one_line(refused, str(planted / "prediction.pkl"), "never reads it", "--from-data")
     assert not (tmp_path / "columns.json").exists()
     assert pt2.returncode == 0, pt2.stderr
     assert evaluate.returncode == 0 and "val/r2" in evaluate.stdout, evaluate.stderr
@@ -615,17 +578,17 @@ def test_the_mlflow_model_never_unpickles_a_planted_pickle(trained, expected, tm
     assert got["value"].tolist() == pytest.approx([row["value"] for row in expected], abs=1e-5)
     assert_read_as_data(watched, "data/run/predictor/predictor.json")
     shutil.rmtree(model / "data" / "run" / "predictor")
-    with watching(model) as watched, pytest.raises(RunjobError, match=r"prediction\.pkl.*--trust-pickle") as refused:
+    with watching(model) as watched, pytest.raises(RunjobError, match=r"prediction\.pkl.*never reads it") as refused:
         mlflow.pyfunc.load_model(str(model))
     assert "\n" not in str(refused.value)
     assert_read_as_data(watched)
     assert not marker.exists()
 
 
-def test_trust_pickle_reads_ones_own_older_run(trained, expected, tmp_path):
-    """An older runjob's run: its prediction.pkl a genuine pickled Predictor (the run's own,
-    rebuilt from its data). Refused without --trust-pickle; with it, unpickled (the watch sees
-    it: the dynamic checks above would fail on any unpickling) and predicting the same rows."""
+def test_a_genuine_pickled_predictor_is_refused_too(trained, tmp_path):
+    """A run whose prediction.pkl is a genuine pickled Predictor (the run's own, as runjob's
+    development versions wrote it) is refused like a planted one: no flag makes runjob unpickle
+    what a run holds (``--trust-pickle`` is no option); nothing is unpickled."""
     from runjob.host.plugin_host import load_plugins
     from runjob.record.prediction import Predictor
     from runjob.train.trained import find_run, saved
@@ -636,13 +599,12 @@ def test_trust_pickle_reads_ones_own_older_run(trained, expected, tmp_path):
     older = copy_run(out, tmp_path / "older")
     shutil.rmtree(older / "predictor")
     (older / "prediction.pkl").write_bytes(pickle.dumps(predictor))
-    one_line(tester.cli("predict", older, "--input", "new.csv"), "prediction.pkl", "--trust-pickle")
     with watching(older) as watched:
-        trusted = tester.cli("predict", older, "--input", "new.csv", "--trust-pickle")
-    assert predicted(trusted) == expected
-    assert f"runjob: reading {older / 'prediction.pkl'} as a pickle (--trust-pickle)" in trusted.stderr
-    assert ("runjob.record.prediction", "Predictor") in watched.find_class
-    assert str(older / "prediction.pkl") in watched.read
+        refused = tester.cli("predict", older, "--input", "new.csv")
+        flag = tester.cli("predict", older, "--input", "new.csv", "--trust-pickle")
+    one_line(refused, str(older / "prediction.pkl"), "never reads it", "--from-data")
+    one_line(flag, "--trust-pickle")
+    assert watched.find_class == [] and str(older / "prediction.pkl") not in watched.read
 
 
 # ---------------------------------------------------------------------------------------------

@@ -85,12 +85,3 @@ def add_plugin_argument(parser: argparse.ArgumentParser, dest: str = "plugins") 
 
 def add_tracking_uri(parser: argparse.ArgumentParser, default_text: str) -> None:
     parser.add_argument("--tracking-uri", metavar="URI", help=f"MLflow tracking URI (default: {default_text})")
-
-
-def add_trust_pickle(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--trust-pickle",
-        action="store_true",
-        help="read an older run's pickled predictor (prediction.pkl); unpickling runs the code a file holds: only for "
-        "a run you made yourself",
-    )

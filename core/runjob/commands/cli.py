@@ -24,7 +24,6 @@ from runjob.commands.arguments import (
     add_overrides,
     add_plugin_argument,
     add_tracking_uri,
-    add_trust_pickle,
 )
 from runjob.commands.evaluate import add_run_reference
 from runjob.commands.plugins import add_plugins_arguments
@@ -333,7 +332,6 @@ def add_trained_model_commands(commands: argparse._SubParsersAction[_Parser], ur
         help="read inputs as the run's dataset does, building it from the run's job (its files must be here), "
         "instead of the predictor the run saved",
     )
-    add_trust_pickle(predict)
     add_overrides(predict)
     add_tracking_uri(predict, uri_default)
 
@@ -361,7 +359,6 @@ def add_trained_model_commands(commands: argparse._SubParsersAction[_Parser], ur
     export.add_argument(
         "--atol", type=float, default=1e-4, help="largest difference accepted, relative to the outputs' scale (1e-4)"
     )
-    add_trust_pickle(export)
     add_tracking_uri(export, uri_default)
 
     data = commands.add_parser(

@@ -127,7 +127,7 @@ def _plugin_export(
     adapters merged, and what the run kept of its data (its predictor's inputs, its ``data/``
     files) go to the plugin's export function, which writes ``--output`` (by default
     ``OUTPUT_DIR/model.NAME``); it is written whole or not at all."""
-    predictor = saved(run, host, args.trust_pickle)[1]
+    predictor = saved(run, host)[1]
     trained, adapters = build_trained(job, run.model_file, run.folder)
     data = RunFolder(run.folder).data_dir
     artifacts = {file.name: file for file in sorted(data.iterdir())} if data.is_dir() else {}

@@ -51,7 +51,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         run = find_run(args.run, args.tracking_uri, Path(scratch))
         require_run_plugins(run, host, "predict")  # its job names what they registered
         # the saved predictor and facts stand in for the data: its files need not be here any more
-        job, predictor = (None, None) if args.overrides or args.from_data else saved(run, host, args.trust_pickle)
+        job, predictor = (None, None) if args.overrides or args.from_data else saved(run, host)
         splits = None
         if predictor is None:  # a run without a saved predictor, --from-data, --set dataset.KEY: the data, built
             job = load_job(run, args.overrides, host)

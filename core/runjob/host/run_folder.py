@@ -21,8 +21,8 @@ spells these names. The folder of one run::
     ├── predictor/                   PREDICTOR_DIR: what prediction needs besides the model, as data
     │   ├── predictor.json           PREDICTOR_FILE: the inputs' class and state, the task's, the classes
     │   └── inputs/                  PREDICTOR_INPUTS_DIR: the inputs' files (a tokenizer.json)
-    ├── prediction.pkl               PICKLED_PREDICTOR_FILE: an older runjob's pickled predictor (never read
-    │                                unless a command is given --trust-pickle)
+    ├── prediction.pkl               PICKLED_PREDICTOR_FILE: a pickled predictor (runjob's development
+    │                                versions before predictor/): never read, refused in one line
     ├── data_facts.json              DATA_FACTS_FILE: the dataset's facts the model was built with
     ├── data/                        DATA_DIR: the dataset's files (DatasetSplits.artifacts)
     ├── adapters/NAME/               ADAPTERS_DIR: each adapter's own files (LoRA weights)
@@ -208,7 +208,7 @@ class RunFolder:
 
     @property
     def pickled_predictor_file(self) -> Path:
-        """``prediction.pkl``: an older runjob's pickled predictor."""
+        """``prediction.pkl``: a pickled predictor, never read (its presence is refused in one line)."""
         return self.root / PICKLED_PREDICTOR_FILE
 
     @property

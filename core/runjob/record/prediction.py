@@ -11,15 +11,15 @@ the inputs' class by the name its plugin registered (``runjob_register_inputs``)
 (:meth:`runjob.Task.to_data`), the class names, the context and the output columns. Reading it
 back (:func:`load_predictor`) resolves those names through the installed plugins, as a job file's
 are, and rebuilds the task with its factory from the job's ``[task]`` table and the run's
-``data_facts.json``: a run folder or a logged model cannot make runjob run code. An older run's
-pickled ``prediction.pkl`` is refused unless the user says they trust it (``--trust-pickle``).
+``data_facts.json``: a run folder or a logged model cannot make runjob run code. A pickled
+``prediction.pkl`` (what runjob's development versions before this layout wrote) is never read:
+it is refused in one line that offers ``--from-data``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +32,6 @@ from runjob.errors import DataError, RunjobError, describe, first_line
 from runjob.host.components import Batch, Collate, Component, DataFacts, Inputs, Sample
 from runjob.host.json_types import JSONObject, JSONValue
 from runjob.host.model_build import read_facts
-from runjob.host.output import screen
 from runjob.host.plain_data import as_json, check_plain, round_trip
 from runjob.host.plugin_host import ComponentLookupError
 from runjob.host.run_folder import PREDICTOR_FILE, PREDICTOR_INPUTS_DIR, RunFolder
@@ -49,7 +48,6 @@ GENERATION_DEFAULTS = {"max_new_tokens": 100, "temperature": 0.0, "seed": 0}
 
 FORMAT: Literal[1] = 1
 """The version of ``predictor.json``'s layout."""
-TRUST_PICKLE_FLAG = "--trust-pickle"
 
 
 ColumnType = Literal["boolean", "long", "double", "string"]
@@ -204,17 +202,17 @@ def saved_any(folder: Path) -> bool:
     return (paths.predictor_dir / PREDICTOR_FILE).is_file() or paths.pickled_predictor_file.is_file()
 
 
-def load_predictor(folder: Path, host: PluginHost, task_table: Chosen, trust_pickle: bool = False) -> Predictor | None:
+def load_predictor(folder: Path, host: PluginHost, task_table: Chosen) -> Predictor | None:
     """The predictor run folder ``folder`` saved (``predictor/``), rebuilt by the installed plugins:
     the inputs' class found by its registered name, the task by ``task_table`` (the job's
     ``[task]``) and the run's ``data_facts.json``. ``None`` when the run saved none. A damaged or
-    tampered one is a :class:`PredictorError` in one line. A run with only an older runjob's
-    ``prediction.pkl`` is refused with one line, unless ``trust_pickle``."""
+    tampered one is a :class:`PredictorError` in one line. A run with only a pickled
+    ``prediction.pkl`` is refused with one line: runjob never unpickles what a run holds."""
     paths = RunFolder(folder)
     path = paths.predictor_dir / PREDICTOR_FILE
     if not path.is_file():
         if paths.pickled_predictor_file.is_file():
-            return _pickled(paths.pickled_predictor_file, trust_pickle)
+            raise _pickled(paths.pickled_predictor_file)
         return None
     saved = _read_saved(path)
     facts = _facts(folder)
@@ -276,22 +274,13 @@ def _rebuild_inputs(host: PluginHost, saved: _SavedInputs, path: Path) -> Inputs
     return inputs
 
 
-def _pickled(path: Path, trust: bool) -> Predictor:
-    """An older runjob's ``prediction.pkl``: refused, unless the user trusts it (their own run)."""
-    if not trust:
-        raise PredictorError(
-            f"{path}: this run's predictor was saved by an older runjob as a pickle, and unpickling a file runs "
-            f"whatever code it holds, so runjob does not read it; for a run you made yourself add {TRUST_PICKLE_FLAG}, "
-            "or read inputs as the run's dataset does with --from-data (the dataset's files must be here)"
-        )
-    screen.say(f"runjob: reading {path} as a pickle ({TRUST_PICKLE_FLAG})", err=True)
-    return _unpickle(path)
-
-
-def _unpickle(path: Path) -> Predictor:
-    # the one unpickling in runjob: only with --trust-pickle, for an older run the user vouches for
-    predictor: Predictor = pickle.loads(path.read_bytes())  # noqa: S301
-    return predictor
+def _pickled(path: Path) -> PredictorError:
+    """A run whose predictor is a pickle (``prediction.pkl``): never unpickled, whoever made it."""
+    return PredictorError(
+        f"{path}: this run's predictor is a pickle, and unpickling a file runs whatever code it holds, so runjob "
+        "never reads it; read inputs as the run's dataset does with --from-data (the dataset's files must be here), "
+        "or train the job again with this runjob, which keeps the predictor as data (predictor/)"
+    )
 
 
 def collate(batch: list[Sample], padder: str = "a DatasetSplits.collate") -> Batch:

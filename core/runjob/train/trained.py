@@ -154,15 +154,15 @@ def load_job(run: TrainedRun, overrides: list[str], host: PluginHost, data: bool
     return resolve(raw, host, () if data else ("dataset",))
 
 
-def saved(run: TrainedRun, host: PluginHost, trust_pickle: bool = False) -> tuple[ResolvedJob | None, Predictor | None]:
+def saved(run: TrainedRun, host: PluginHost) -> tuple[ResolvedJob | None, Predictor | None]:
     """The run's job and the predictor it saved (``runjob.record.prediction.load_predictor``:
     rebuilt from data by the installed plugins), or ``(None, None)`` when it saved none. The
     job's dataset is not checked where the run kept its facts: its files need not be here."""
     if not saved_any(run.folder):
         return None, None
     job = load_job(run, [], host, data=not RunFolder(run.folder).data_facts.is_file())
-    predictor = load_predictor(run.folder, host, job.task, trust_pickle)
-    if predictor is None or predictor.inputs is None:  # an older pickled one without inputs: the data, built
+    predictor = load_predictor(run.folder, host, job.task)
+    if predictor is None or predictor.inputs is None:  # a predictor without inputs: the data, built
         return None, None
     return job, predictor
 
